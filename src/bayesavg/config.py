@@ -1,0 +1,247 @@
+"""Typed params.yaml with validation before any work starts.
+
+pydantic checks types, ranges and unknown keys (strict: ``"0.1"`` is not a
+float, ``1`` is not a bool); cross-field rules are model validators. Any
+problem becomes a ``UserError`` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import UserError
+
+DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
+MODEL_NAMES = ("mlp", "lenet5", "vgg16_bn", "preresnet20")
+PREDICTOR_METHODS = ("map", "swa", "swag_diag", "swag")
+_NAME = r"^[a-z][a-z0-9_]*$"
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class DataParams(_Section):
+    dataset: str = "mnist5k"
+    test_fraction: Fraction = 0.2
+    val_fraction: Fraction = 0.1
+    raw_dir: str = "data/raw"
+
+    @model_validator(mode="after")
+    def _check(self) -> DataParams:
+        if self.dataset not in DATASETS and not self.dataset.startswith("imagefolder:"):
+            raise ValueError(
+                f"dataset: unknown {self.dataset!r}; allowed: {', '.join(DATASETS)}, "
+                "imagefolder:<DIR>"
+            )
+        if self.test_fraction + self.val_fraction >= 0.9:
+            raise ValueError("test_fraction + val_fraction must leave at least 10% for training")
+        return self
+
+
+class ModelParams(_Section):
+    name: Literal["mlp", "lenet5", "vgg16_bn", "preresnet20"] = "lenet5"
+    hidden: list[PosInt] = Field(default_factory=lambda: [512, 256])
+
+    def kwargs(self) -> dict[str, Any]:
+        """Constructor arguments beyond shape and classes, per model."""
+        return {"hidden": list(self.hidden)} if self.name == "mlp" else {}
+
+
+class Schedule(_Section):
+    """Learning rate per iteration.
+
+    cosine: lr -> lr_end over the whole run (the decaying SGD baseline);
+    constant: lr throughout (SWA);
+    cyclic: within each cycle of ``cycle_length`` iterations, linear from lr to lr_end
+    (SWA paper); snapshots are then taken at cycle ends, where the rate is lr_end.
+    """
+
+    kind: Literal["cosine", "constant", "cyclic"] = "constant"
+    lr: PosFloat = 0.01
+    lr_end: NonNegFloat = 0.0
+    cycle_length: PosInt = 100
+
+    @model_validator(mode="after")
+    def _check(self) -> Schedule:
+        if self.kind == "cyclic" and self.lr_end <= 0:
+            raise ValueError(
+                "lr_end: a cyclic schedule needs lr_end > 0 (the rate never decays to 0)"
+            )
+        if self.kind != "constant" and self.lr_end > self.lr:
+            raise ValueError(f"lr_end: must not exceed lr ({self.lr}) for a {self.kind} schedule")
+        return self
+
+
+class Collect(_Section):
+    """When to take SWAG snapshots during fine-tuning."""
+
+    start_epoch: NonNegInt = 0
+    every: NonNegInt = 0
+    max_rank: Annotated[int, Field(ge=2)] = 20
+
+
+class Optim(_Section):
+    epochs: PosInt = 10
+    batch_size: PosInt = 64
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    weight_decay: NonNegFloat = 5e-4
+
+
+class PretrainParams(Optim):
+    schedule: Schedule = Schedule(kind="cosine", lr=0.05, lr_end=0.0005)
+
+
+class Trajectory(Optim):
+    schedule: Schedule = Schedule()
+    collect: Collect | None = None
+
+    def snapshots(self, iters_per_epoch: int) -> int:
+        """How many snapshots this trajectory will collect (0 without ``collect``)."""
+        if self.collect is None:
+            return 0
+        iters = (self.epochs - self.collect.start_epoch) * iters_per_epoch
+        every = self.collect_every(iters_per_epoch)
+        return iters // every
+
+    def collect_every(self, iters_per_epoch: int) -> int:
+        """Iterations between snapshots: ``every``, else a cycle (cyclic) or an epoch."""
+        assert self.collect is not None
+        if self.collect.every:
+            return self.collect.every
+        if self.schedule.kind == "cyclic":
+            return self.schedule.cycle_length
+        return iters_per_epoch
+
+    @model_validator(mode="after")
+    def _check(self) -> Trajectory:
+        if self.collect is not None and self.collect.start_epoch >= self.epochs:
+            raise ValueError(
+                f"collect.start_epoch: must be < epochs ({self.epochs}) so snapshots are taken"
+            )
+        return self
+
+
+class Predictor(_Section):
+    trajectory: Annotated[str, Field(pattern=_NAME)]
+    method: Literal["map", "swa", "swag_diag", "swag"]
+    scale: NonNegFloat | None = None
+
+    def effective_scale(self) -> float:
+        """The paper's scale unless set: 0.5 for SWAG, 1.0 for SWAG-Diag."""
+        if self.scale is not None:
+            return self.scale
+        return {"swag": 0.5, "swag_diag": 1.0}.get(self.method, 0.0)
+
+
+class EvaluateParams(_Section):
+    n_samples: PosInt = 30
+    batch_size: PosInt = 1000
+    bn_update_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
+    ece_bins: Annotated[int, Field(ge=2)] = 20
+    predictors: dict[str, Predictor]
+
+
+class TrackingParams(_Section):
+    experiment: Annotated[str, Field(min_length=1)] = "bayesavg"
+
+
+class Params(_Section):
+    seed: NonNegInt = 0
+    device: str = "auto"
+    data: DataParams = DataParams()
+    model: ModelParams = ModelParams()
+    pretrain: PretrainParams = PretrainParams()
+    finetune: dict[str, Trajectory]
+    evaluate: EvaluateParams
+    tracking: TrackingParams = TrackingParams()
+
+    @model_validator(mode="after")
+    def _check(self) -> Params:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        for name in self.finetune:
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"finetune.{name}: trajectory names are lower-case identifiers")
+        for name, pred in self.evaluate.predictors.items():
+            key = f"evaluate.predictors.{name}"
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"{key}: predictor names are lower-case identifiers")
+            traj = self.finetune.get(pred.trajectory)
+            if traj is None:
+                raise ValueError(
+                    f"{key}.trajectory: {pred.trajectory!r} is not a finetune trajectory "
+                    f"({', '.join(self.finetune)})"
+                )
+            if pred.method != "map" and traj.collect is None:
+                raise ValueError(
+                    f"{key}.method: {pred.method} needs snapshots, but finetune."
+                    f"{pred.trajectory} has no 'collect' section"
+                )
+        return self
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = _location(first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"params.yaml: unknown key {loc!r}; remove it or fix its spelling"
+    if first["type"] == "missing":
+        return f"params.yaml: missing key {loc!r}"
+    msg = first["msg"].removeprefix("Value error, ")
+    named = re.match(r"^([\w.]+): (.*)$", msg)
+    if named:
+        loc, msg = ".".join(filter(None, [loc, named[1]])), named[2]
+    got = first.get("input")
+    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    return f"params.yaml: {loc}: {msg}{shown}"
+
+
+def parse_params(raw: Any) -> Params:
+    """Validate a params mapping; raise ``UserError`` with one line on the first problem."""
+    if not isinstance(raw, dict):
+        raise UserError("params.yaml: the top level must be a mapping of sections")
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(_format_error(err)) from None
+    _check_finite(raw, "")
+    return params
+
+
+def _check_finite(node: Any, path: str) -> None:
+    if isinstance(node, float) and not math.isfinite(node):
+        raise UserError(f"params.yaml: {path}: must be a finite number (got {node})")
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, f"{path}.{k}" if path else str(k))
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    return parse_params(raw)

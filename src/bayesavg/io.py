@@ -1,0 +1,76 @@
+"""Atomic output writing and file hashing.
+
+Every output goes through a temp file in the same directory and an
+``os.replace``, so a failing stage never leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path next to ``path``; rename it onto ``path`` on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def save_torch(path: str | os.PathLike[str], obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_csv(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
+    """Write rows (dicts with the same keys) as CSV; floats in repr precision."""
+    if not rows:
+        raise ValueError(f"no rows to write to {path}")
+    header = list(rows[0])
+    lines = [",".join(header)]
+    lines += [",".join(_csv_cell(row[k]) for k in header) for row in rows]
+    write_text(path, "\n".join(lines) + "\n")
+
+
+def _csv_cell(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

@@ -1,0 +1,93 @@
+"""Classification metrics of a predictive distribution (ALGORITHMS §7).
+
+Everything takes log-probabilities: the BMA is accumulated in log space
+(logsumexp of per-sample log-softmax), which is the average of
+probabilities computed without underflow, so NLL is never clamped.
+ECE is computed from the reliability bins, which torchmetrics does not
+expose; a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """Per confidence bin: lower/upper edge, mean confidence, accuracy, count."""
+
+    lower: torch.Tensor
+    upper: torch.Tensor
+    confidence: torch.Tensor
+    accuracy: torch.Tensor
+    count: torch.Tensor
+
+    def ece(self) -> torch.Tensor:
+        total = self.count.sum().clamp(min=1)
+        return ((self.count / total) * (self.accuracy - self.confidence).abs()).sum()
+
+    def rows(self) -> list[dict[str, float | int]]:
+        cols = [t.tolist() for t in (self.lower, self.upper, self.confidence, self.accuracy)]
+        counts = self.count.long().tolist()
+        return [
+            {
+                "bin": i,
+                "lower": lo,
+                "upper": up,
+                "confidence": conf,
+                "accuracy": acc,
+                "gap": acc - conf,
+                "count": counts[i],
+            }
+            for i, (lo, up, conf, acc) in enumerate(zip(*cols, strict=True))
+        ]
+
+
+def accuracy(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (log_probs.argmax(dim=1) == y).double().mean()
+
+
+def nll(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean over points of -log p(y|x) (never a sum)."""
+    return -log_probs.gather(1, y[:, None]).double().mean()
+
+
+def brier(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean over points of sum_c (p_c - 1[c = y])^2."""
+    probs = log_probs.double().exp()
+    onehot = torch.nn.functional.one_hot(y, probs.shape[1]).double()
+    return ((probs - onehot) ** 2).sum(dim=1).mean()
+
+
+def reliability(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int) -> Reliability:
+    """Equal-width confidence bins (lower, upper]; confidence 0 falls in the first."""
+    probs = log_probs.double().exp()
+    conf, pred = probs.max(dim=1)
+    correct = (pred == y).double()
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=probs.device)
+    idx = (torch.bucketize(conf, edges, right=False) - 1).clamp(0, n_bins - 1)
+    count = torch.zeros(n_bins, dtype=torch.float64, device=probs.device)
+    count.index_add_(0, idx, torch.ones_like(conf))
+    conf_sum = torch.zeros_like(count).index_add_(0, idx, conf)
+    acc_sum = torch.zeros_like(count).index_add_(0, idx, correct)
+    denom = count.clamp(min=1)
+    return Reliability(edges[:-1], edges[1:], conf_sum / denom, acc_sum / denom, count)
+
+
+def ece(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int = 20) -> torch.Tensor:
+    return reliability(log_probs, y, n_bins).ece()
+
+
+def classification_metrics(
+    log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int = 20
+) -> dict[str, torch.Tensor]:
+    """accuracy, nll, ece (``ece_bins`` bins), ece15, brier as 0-d tensors on the device."""
+    return {
+        "accuracy": accuracy(log_probs, y),
+        "nll": nll(log_probs, y),
+        "ece": ece(log_probs, y, ece_bins),
+        "ece15": ece(log_probs, y, 15),
+        "brier": brier(log_probs, y),
+    }

@@ -1,0 +1,43 @@
+"""One seed in params; every random stream is derived from it by name.
+
+Deriving by name (not by call order) keeps a stage's randomness unchanged
+when another stage or client is added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def derive_seed(seed: int, *names: object) -> int:
+    """A 63-bit seed determined by ``seed`` and the names (stage, client id, ...)."""
+    text = "/".join([str(seed), *map(str, names)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch, and ask torch for deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.backends.cudnn.benchmark = False
+
+
+def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present; anything else is passed to torch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

@@ -158,6 +158,11 @@ class TrackingParams(_Section):
     experiment: Annotated[str, Field(min_length=1)] = "bayesavg"
 
 
+class ReportParams(_Section):
+    title: Annotated[str, Field(min_length=1)] = "bayesavg report"
+    notes: str = ""
+
+
 class Params(_Section):
     seed: NonNegInt = 0
     device: str = "auto"
@@ -167,6 +172,7 @@ class Params(_Section):
     finetune: dict[str, Trajectory]
     evaluate: EvaluateParams
     tracking: TrackingParams = TrackingParams()
+    report: ReportParams = ReportParams()
 
     @model_validator(mode="after")
     def _check(self) -> Params:

@@ -13,6 +13,8 @@ import random
 import numpy as np
 import torch
 
+from .errors import UserError
+
 
 def derive_seed(seed: int, *names: object) -> int:
     """A 63-bit seed determined by ``seed`` and the names (stage, client id, ...)."""
@@ -40,4 +42,12 @@ def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA when present; anything else is passed to torch."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"device: {name} was asked for but no CUDA GPU is available; use auto or cpu"
+        )
+    return device

@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine with Python 3.11 and pip:
+#   make run    creates .venv, installs bayesavg, runs the DVC pipeline
+#   make test   same set-up, then lint and the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export MLFLOW_DISABLE_TELEMETRY := true
+export DVC_NO_ANALYTICS := 1
+
+.PHONY: install run test test-slow lint bench ui clean
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	dvc repro
+
+lint: install
+	ruff check src stages tests benchmarks
+	ruff format --check src stages tests benchmarks
+
+test: lint
+	pytest
+
+test-slow: install
+	pytest -m slow
+
+bench: install
+	python benchmarks/run.py
+
+ui: install
+	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
+		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf data/prepared models metrics plots reports runs

@@ -1,0 +1,58 @@
+"""Exact BatchNorm statistics after sampling weights (ALGORITHMS §6).
+
+``torch.optim.swa_utils.update_bn`` averages per-batch statistics with equal
+weights (biased when the last batch is short) and averages per-batch
+variances, which drops the spread of the batch means. Here each BN layer's
+input is summed in float64 over the whole pass, so the running mean and
+(unbiased) variance equal those of the full data, batch sizes aside.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_BN = nn.modules.batchnorm._BatchNorm
+
+
+def bn_modules(model: nn.Module) -> list[_BN]:
+    return [m for m in model.modules() if isinstance(m, _BN) and m.track_running_stats]
+
+
+@torch.no_grad()
+def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None:
+    """Set every BN layer's running stats to its input's full-data mean and variance.
+
+    The forward pass runs in train mode (each layer normalises with batch
+    statistics, as during training); ``model``'s mode is restored afterwards.
+    """
+    layers = bn_modules(model)
+    if not layers:
+        return
+    sums: dict[_BN, list[torch.Tensor | int]] = {}
+
+    def hook(module: _BN, inputs: tuple[torch.Tensor, ...]) -> None:
+        inp = inputs[0].double()
+        dims = [0, *range(2, inp.dim())]
+        acc = sums.setdefault(module, [0, 0.0, 0.0])
+        acc[0] += inp.numel() // inp.shape[1]
+        acc[1] = acc[1] + inp.sum(dim=dims)
+        acc[2] = acc[2] + (inp * inp).sum(dim=dims)
+
+    handles = [m.register_forward_pre_hook(hook) for m in layers]
+    was_training = model.training
+    try:
+        model.train()
+        for start in range(0, x.shape[0], batch_size):
+            model(x[start : start + batch_size])
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    for module in layers:
+        count, s1, s2 = sums[module]
+        mean = s1 / count
+        var = (s2 / count - mean * mean).clamp(min=0) * (count / max(count - 1, 1))
+        module.running_mean.copy_(mean)
+        module.running_var.copy_(var)
+        module.num_batches_tracked.add_(1)

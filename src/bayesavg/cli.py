@@ -1,0 +1,119 @@
+"""The ``bayesavg`` command line, and the error handling every entry point shares.
+
+A ``UserError`` becomes one line on stderr and exit code 2; argparse's own
+usage errors already exit with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .errors import EXIT_USER_ERROR, UserError
+
+log = logging.getLogger("bayesavg")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def run_entry(fn: Callable[[], None]) -> None:
+    """Run an entry point; a UserError exits 2 with one line and no traceback."""
+    setup_logging()
+    try:
+        fn()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bayesavg", description="Bayesian deep learning by weight averaging."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser(
+        "evaluate",
+        help="evaluate a posterior file on a dataset",
+        description="Sample a posterior, average predictions (BMA), write metrics JSON.",
+    )
+    ev.add_argument(
+        "--posterior", required=True, type=Path, help="models/<trajectory>/posterior.pt"
+    )
+    ev.add_argument("--predictor", required=True, help="map, swa, swag_diag or swag")
+    ev.add_argument(
+        "--data",
+        required=True,
+        help="mnist5k, mnist, fashion_mnist, cifar10, cifar100 (test split) or imagefolder:<DIR>",
+    )
+    ev.add_argument("--samples", type=int, default=30, help="number of weight samples S")
+    ev.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ev.add_argument("--scale", type=float, default=None, help="SWAG scale (default: per method)")
+    ev.add_argument("--out", required=True, type=Path, help="metrics JSON to write")
+    ev.add_argument("--reliability", type=Path, default=None, help="also write bins as CSV")
+    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument("--batch-size", type=int, default=1000)
+    ev.add_argument("--raw-dir", type=Path, default=Path("data/raw"), help="dataset downloads")
+    return parser
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    from .data import load_eval_split
+    from .evaluate import METHODS, evaluate, model_input
+    from .io import write_csv, write_json
+    from .posterior_file import load_posterior
+    from .seeding import resolve_device
+
+    if args.predictor not in METHODS:
+        raise UserError(
+            f"--predictor: unknown {args.predictor!r}; choose one of {', '.join(METHODS)}"
+        )
+    if args.samples < 1:
+        raise UserError(f"--samples: must be >= 1 (got {args.samples})")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size: must be >= 1 (got {args.batch_size})")
+    if args.scale is not None and args.scale < 0:
+        raise UserError(f"--scale: must be >= 0 (got {args.scale})")
+    device = resolve_device(args.device)
+    posterior = load_posterior(args.posterior)
+    d = posterior.data
+    split_args = (args.raw_dir, posterior.input_shape)
+    fractions = (d["seed"], d["test_fraction"], d["val_fraction"])
+    test = load_eval_split(args.data, *split_args, "test", *fractions)
+    if test.y.max().item() >= posterior.num_classes:
+        raise UserError(
+            f"{args.data} has labels up to {test.y.max().item()}, "
+            f"the posterior has {posterior.num_classes} classes"
+        )
+    bn_x = None
+    if args.predictor != "map" and posterior.has_batchnorm:
+        log.info("BatchNorm model: using the training split of %s for BN updates", d["dataset"])
+        bn_x = model_input(
+            posterior, load_eval_split(d["dataset"], *split_args, "train", *fractions).x, device
+        )
+    result = evaluate(
+        posterior,
+        args.predictor,
+        model_input(posterior, test.x, device),
+        test.y,
+        n_samples=args.samples,
+        scale=args.scale,
+        bn_x=bn_x,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=device,
+    )
+    write_json(args.out, {**result.metrics, "predictor": args.predictor, "data": args.data})
+    if args.reliability is not None:
+        write_csv(args.reliability, result.reliability.rows())
+    log.info("%s on %s: %s", args.predictor, args.data, result.metrics)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "evaluate":
+        run_entry(lambda: _evaluate(args))

@@ -1,0 +1,140 @@
+"""Predict with a posterior: sample weights, update BN, average probabilities.
+
+The hot path keeps everything on the device: weights are written straight
+into one model with ``vector_to_parameters`` (no state-dict copies), test
+inputs are pre-normalised tensors, and the BMA is accumulated in log space.
+Metrics for s = 1..S samples come from the running average at no extra
+forward passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.utils import vector_to_parameters
+from tqdm.auto import tqdm
+
+from .batchnorm import update_bn
+from .data import to_input
+from .errors import UserError
+from .metrics import Reliability, classification_metrics, reliability
+from .models import has_batchnorm
+from .posterior_file import PosteriorFile
+from .posteriors import SWAG
+
+log = logging.getLogger(__name__)
+
+METHODS = ("map", "swa", "swag_diag", "swag")
+DEFAULT_SCALE = {"map": 0.0, "swa": 0.0, "swag_diag": 1.0, "swag": 0.5}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    metrics: dict[str, float]
+    reliability: Reliability
+    by_samples: list[dict[str, float]]
+    log_probs: torch.Tensor
+
+
+def sampler(
+    posterior: PosteriorFile,
+    method: str,
+    scale: float,
+    generator: torch.Generator,
+    device: torch.device,
+) -> tuple[Callable[[], torch.Tensor], int | None]:
+    """A function drawing one weight vector, and the fixed sample count (None = S)."""
+    if method not in METHODS:
+        raise UserError(f"unknown predictor {method!r}; choose one of {', '.join(METHODS)}")
+    if method == "map":
+        theta = posterior.theta.to(device)
+        return (lambda: theta), 1
+    if posterior.collector is None:
+        raise UserError(
+            f"predictor {method} needs a SWAG posterior, but trajectory "
+            f"{posterior.trajectory!r} collected no snapshots"
+        )
+    swag = SWAG.from_state_dict(posterior.collector, device=device)
+    if method == "swa":
+        mean = swag.mean
+        return (lambda: mean), 1
+    if method == "swag" and swag.rank < 2:
+        raise UserError(f"swag needs at least 2 snapshots, {posterior.trajectory} has {swag.rank}")
+    diag_only = method == "swag_diag"
+    return (lambda: swag.sample(scale=scale, diag_only=diag_only, generator=generator)), None
+
+
+@torch.inference_mode()
+def log_softmax_predictions(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    model.eval()
+    out = [
+        torch.log_softmax(model(x[i : i + batch_size]).double(), dim=1)
+        for i in range(0, x.shape[0], batch_size)
+    ]
+    return torch.cat(out)
+
+
+def evaluate(
+    posterior: PosteriorFile,
+    method: str,
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    *,
+    n_samples: int = 30,
+    scale: float | None = None,
+    bn_x: torch.Tensor | None = None,
+    batch_size: int = 1000,
+    ece_bins: int = 20,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> Evaluation:
+    """Bayesian model average over ``n_samples`` weight samples of ``method``.
+
+    ``x_test`` and ``bn_x`` are model-ready inputs; ``bn_x`` (training data)
+    is required when the model has BatchNorm and the method samples weights.
+    """
+    device = torch.device(device)
+    model = posterior.build_model(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    draw, fixed = sampler(
+        posterior, method, DEFAULT_SCALE[method] if scale is None else scale, generator, device
+    )
+    total = fixed or n_samples
+    needs_bn = method != "map" and has_batchnorm(model)
+    if needs_bn and bn_x is None:
+        raise UserError(f"predictor {method} on a BatchNorm model needs training data for BN")
+    x_test, y_test = x_test.to(device), y_test.to(device)
+    log_sum: torch.Tensor | None = None
+    per_s: list[dict[str, torch.Tensor]] = []
+    for s in tqdm(range(1, total + 1), desc=f"evaluate {method}", disable=None, leave=False):
+        with torch.no_grad():
+            vector_to_parameters(draw(), model.parameters())
+        if needs_bn:
+            update_bn(model, bn_x, batch_size)
+        logp = log_softmax_predictions(model, x_test, batch_size)
+        log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
+        bma = log_sum - math.log(s)
+        per_s.append(classification_metrics(bma, y_test, ece_bins))
+    assert log_sum is not None
+    bma = log_sum - math.log(total)
+    keys = list(per_s[0])
+    table = torch.stack([torch.stack([row[k] for k in keys]) for row in per_s]).tolist()
+    by_samples = [
+        {"samples": s, **dict(zip(keys, vals, strict=True))} for s, vals in enumerate(table, 1)
+    ]
+    metrics: dict[str, float] = dict(zip(keys, table[-1], strict=True))
+    metrics["n"] = int(y_test.shape[0])
+    metrics["n_samples"] = total
+    return Evaluation(metrics, reliability(bma, y_test, ece_bins), by_samples, bma.cpu())
+
+
+def model_input(
+    posterior: PosteriorFile, x: torch.Tensor, device: torch.device | str
+) -> torch.Tensor:
+    """uint8 images normalised the way the posterior's network was trained."""
+    return to_input(x, posterior.mean, posterior.std, device)

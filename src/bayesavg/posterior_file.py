@@ -1,0 +1,117 @@
+"""The posterior file: everything needed to rebuild and sample a trained model.
+
+Only tensors and plain Python values, so ``torch.load(weights_only=True)``
+reads it and loading never executes code. The same format serves the
+pretrained network (no collector) and every fine-tuning trajectory.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from pickle import UnpicklingError
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from .errors import UserError
+from .io import save_torch
+from .models import build_model
+
+FORMAT = "bayesavg.posterior/1"
+
+
+@dataclass
+class PosteriorFile:
+    trajectory: str
+    model_name: str
+    model_kwargs: dict[str, Any]
+    input_shape: tuple[int, int, int]
+    mean: list[float]
+    std: list[float]
+    num_classes: int
+    data: dict[str, Any]
+    theta: torch.Tensor
+    buffers: dict[str, torch.Tensor]
+    collector: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_batchnorm(self) -> bool:
+        return any(name.endswith("running_mean") for name in self.buffers)
+
+    def build_model(self, device: torch.device | str = "cpu") -> nn.Module:
+        """The network at the last iterate (parameters and buffers), in eval mode."""
+        model = build_model(self.model_name, self.input_shape, self.num_classes, self.model_kwargs)
+        load_theta(model, self.theta, self.buffers)
+        return model.to(device).eval()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "trajectory": self.trajectory,
+            "model": {"name": self.model_name, "kwargs": self.model_kwargs},
+            "input": {"shape": list(self.input_shape), "mean": self.mean, "std": self.std},
+            "num_classes": self.num_classes,
+            "data": self.data,
+            "theta": self.theta.detach().cpu(),
+            "buffers": {k: v.detach().cpu() for k, v in self.buffers.items()},
+            "collector": self.collector,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PosteriorFile:
+        return cls(
+            trajectory=d["trajectory"],
+            model_name=d["model"]["name"],
+            model_kwargs=d["model"]["kwargs"],
+            input_shape=tuple(d["input"]["shape"]),
+            mean=d["input"]["mean"],
+            std=d["input"]["std"],
+            num_classes=d["num_classes"],
+            data=d["data"],
+            theta=d["theta"],
+            buffers=d["buffers"],
+            collector=d["collector"],
+            extra=d.get("extra", {}),
+        )
+
+    @classmethod
+    def from_model(cls, model: nn.Module, **fields: Any) -> PosteriorFile:
+        theta = parameters_to_vector(model.parameters()).detach().cpu()
+        buffers = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
+        return cls(theta=theta, buffers=buffers, **fields)
+
+
+def load_theta(model: nn.Module, theta: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
+    """Copy a flat parameter vector and named buffers into ``model``."""
+    vector_to_parameters(theta.to(next(model.parameters()).device), model.parameters())
+    own = dict(model.named_buffers())
+    for name, value in buffers.items():
+        own[name].copy_(value)
+
+
+def save_posterior(path: str | Path, posterior: PosteriorFile) -> None:
+    save_torch(path, posterior.to_dict())
+
+
+def load_posterior(path: str | Path) -> PosteriorFile:
+    """Load with ``weights_only=True``; an unreadable file is a ``UserError``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"posterior file {path} does not exist")
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, UnpicklingError, zipfile.BadZipFile) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"cannot read posterior file {path}: {first}") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise UserError(f"{path} is not a bayesavg posterior file (expected format {FORMAT})")
+    try:
+        return PosteriorFile.from_dict(d)
+    except (KeyError, TypeError) as err:
+        raise UserError(f"{path}: posterior file is missing {err}") from None

@@ -1,0 +1,153 @@
+"""MLflow tracking: the only module that imports mlflow.
+
+One run per stage execution. Metrics go through ``log_batch`` (one call per
+metric costs milliseconds each); the client API is used instead of the
+fluent one so no global "active run" leaks between stages or tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_MAX_METRICS = 1000
+_MAX_PARAMS = 100
+_MAX_PARAM_CHARS = 6000
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = str(v)[:_MAX_PARAM_CHARS]
+    return out
+
+
+def git_commit(cwd: str | Path) -> str:
+    """HEAD's commit, with ``-dirty`` if the work tree differs, or ``unknown``."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{sha}-dirty" if dirty else sha
+
+
+class Run:
+    """A started MLflow run: log params, metric histories, artifacts."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self._client = client
+        self.run_id = run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in _flatten(params).items()]
+        for i in range(0, len(items), _MAX_PARAMS):
+            self._client.log_batch(self.run_id, params=items[i : i + _MAX_PARAMS])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        self.log_history([{"step": step, **metrics}], step_key="step")
+
+    def log_history(
+        self, rows: Sequence[Mapping[str, float]], step_key: str = "epoch", prefix: str = ""
+    ) -> None:
+        """Each row's numbers as metrics at step ``row[step_key]``, batched."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [
+            Metric(f"{prefix}{k}", float(v), now, int(row[step_key]))
+            for row in rows
+            for k, v in row.items()
+            if k != step_key and isinstance(v, int | float)
+        ]
+        for i in range(0, len(items), _MAX_METRICS):
+            self._client.log_batch(self.run_id, metrics=items[i : i + _MAX_METRICS])
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self._client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self._client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def _client(tracking_uri: str) -> Any:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except Exception:
+        # Another stage (dvc exp run --queue with jobs) created it meanwhile.
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+@contextlib.contextmanager
+def start_run(
+    run_name: str,
+    *,
+    tracking_uri: str,
+    artifact_location: str,
+    experiment: str = "bayesavg",
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[Run]:
+    """Create a run, yield it, and mark it FINISHED (or FAILED on an exception)."""
+    client = _client(tracking_uri)
+    exp_id = _experiment_id(client, experiment, artifact_location)
+    mlflow_run = client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+    run = Run(client, mlflow_run.info.run_id)
+    log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
+    try:
+        yield run
+    except BaseException:
+        client.set_terminated(run.run_id, status="FAILED")
+        raise
+    client.set_terminated(run.run_id, status="FINISHED")
+
+
+def default_store(root: str | Path) -> tuple[str, str]:
+    """(tracking URI, artifact location) for a project root.
+
+    ``MLFLOW_TRACKING_URI`` overrides the default ``sqlite:///<root>/mlflow.db``.
+    Artifacts go to ``<root>/mlartifacts`` for experiments created here.
+    """
+    root = Path(root).resolve()
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    return uri, (root / "mlartifacts").as_uri()

@@ -1,0 +1,178 @@
+"""One deterministic training loop over in-memory tensors; steps plug in.
+
+A *step* computes the gradients of whatever the optimizer holds and returns
+the detached loss and logits: plain SGD here; SAM and SVI steps reuse the
+same loop. Metrics are accumulated on the device and read once per epoch,
+so there is no host sync per iteration. Learning rates are plain functions
+of the iteration: the cyclic SWA schedule (linear within each cycle) is not
+in ``torch.optim.swa_utils``, whose SWALR is epoch-based.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """Model-ready inputs (float, normalised) and labels, already on the device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+
+class Step(Protocol):
+    def __call__(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill ``.grad`` of the optimised tensors; return (loss, logits), detached."""
+        ...
+
+
+def sgd_step(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = model(x)
+    loss = nn.functional.cross_entropy(logits, y)
+    loss.backward()
+    return loss.detach(), logits.detach()
+
+
+def lr_at(
+    kind: str, lr: float, lr_end: float, cycle_length: int, total_iters: int
+) -> Callable[[int], float]:
+    """Learning rate for 0-based iteration i.
+
+    cosine: lr -> lr_end over ``total_iters``; constant: lr; cyclic: the SWA
+    paper's alpha(i) = (1 - t) lr + t lr_end, t = ((i mod c) + 1) / c, so the
+    last iteration of each cycle runs at lr_end.
+    """
+    if kind == "constant":
+        return lambda i: lr
+    if kind == "cosine":
+        span = max(total_iters - 1, 1)
+        return lambda i: (
+            lr_end + (lr - lr_end) * 0.5 * (1 + math.cos(math.pi * min(i, span) / span))
+        )
+    if kind == "cyclic":
+
+        def cyclic(i: int) -> float:
+            t = ((i % cycle_length) + 1) / cycle_length
+            return (1 - t) * lr + t * lr_end
+
+        return cyclic
+    raise ValueError(f"unknown schedule {kind!r}")
+
+
+def sgd(
+    params: list[torch.Tensor] | nn.Module, momentum: float, weight_decay: float
+) -> torch.optim.SGD:
+    """SGD whose rate the loop sets per iteration (the initial lr is a placeholder)."""
+    tensors = list(params.parameters()) if isinstance(params, nn.Module) else params
+    return torch.optim.SGD(tensors, lr=0.0, momentum=momentum, weight_decay=weight_decay)
+
+
+@torch.inference_mode()
+def loss_and_accuracy(
+    model: nn.Module, data: Tensors, batch_size: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy and accuracy in eval mode, as device tensors."""
+    was_training = model.training
+    model.eval()
+    loss = torch.zeros((), dtype=torch.float64, device=data.x.device)
+    correct = torch.zeros((), dtype=torch.int64, device=data.x.device)
+    for start in range(0, len(data), batch_size):
+        logits = model(data.x[start : start + batch_size])
+        yb = data.y[start : start + batch_size]
+        loss += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
+        correct += (logits.argmax(1) == yb).sum()
+    model.train(was_training)
+    return loss / len(data), correct.double() / len(data)
+
+
+def train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train_data: Tensors,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: Callable[[int], float],
+    generator: torch.Generator,
+    step: Step = sgd_step,
+    val_data: Tensors | None = None,
+    after_step: Callable[[int], None] | None = None,
+    desc: str = "train",
+) -> list[dict[str, float]]:
+    """Run ``epochs`` of minibatch training; return one history row per epoch.
+
+    ``generator`` (CPU) shuffles; ``after_step(i)`` runs after optimizer step
+    i (0-based), e.g. to collect SWAG snapshots. A non-finite epoch loss
+    stops training with a ``UserError`` naming the epoch.
+    """
+    n = len(train_data)
+    iters_per_epoch = math.ceil(n / batch_size)
+    device = train_data.x.device
+    history: list[dict[str, float]] = []
+    iteration = 0
+    bar = tqdm(range(1, epochs + 1), desc=desc, disable=None, leave=False)
+    for epoch in bar:
+        started = time.perf_counter()
+        model.train()
+        order = torch.randperm(n, generator=generator).to(device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
+        for b in range(iters_per_epoch):
+            idx = order[b * batch_size : (b + 1) * batch_size]
+            xb, yb = train_data.x[idx], train_data.y[idx]
+            rate = lr(iteration)
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            optimizer.zero_grad(set_to_none=True)
+            loss, logits = step(model, xb, yb)
+            optimizer.step()
+            loss_sum += loss.double() * yb.shape[0]
+            correct += (logits.argmax(1) == yb).sum()
+            if after_step is not None:
+                after_step(iteration)
+            iteration += 1
+        row = {
+            "epoch": epoch,
+            "lr": rate,
+            "train_loss": (loss_sum / n).item(),
+            "train_accuracy": (correct.double() / n).item(),
+        }
+        if not math.isfinite(row["train_loss"]):
+            raise UserError(
+                f"{desc}: training loss became {row['train_loss']} in epoch {epoch}; "
+                "lower the learning rate (schedule.lr) or check the data"
+            )
+        if val_data is not None:
+            val_loss, val_acc = loss_and_accuracy(model, val_data)
+            row["val_loss"], row["val_accuracy"] = val_loss.item(), val_acc.item()
+        row["seconds"] = time.perf_counter() - started
+        history.append(row)
+        log.info(
+            "%s epoch %d/%d: %s",
+            desc,
+            epoch,
+            epochs,
+            ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("epoch", "seconds")),
+        )
+    return history

@@ -1,0 +1,19 @@
+"""Stage `validate`: check every params.yaml key before any other stage runs.
+
+dvc repro deletes a stage's outputs before running it, so validation must
+come first. The output is the same for every valid params.yaml, so this
+stage never causes downstream re-runs by itself.
+"""
+
+from _common import RUNS, main, params
+
+from bayesavg.io import write_json
+
+
+def run() -> None:
+    params()
+    write_json(RUNS / "validate.json", {"params": "valid"})
+
+
+if __name__ == "__main__":
+    main(run)

@@ -41,11 +41,13 @@ def run() -> None:
                 keep = max(1, round(e.bn_update_fraction * len(train_x)))
                 train_x = train_x[torch.randperm(len(train_x), generator=gen)[:keep].sort().values]
             bn_x = model_input(posterior, train_x, device)
-        result = evaluate(
+        results = evaluate(
             posterior,
             pred.method,
-            model_input(posterior, data.test.x, device),
-            data.test.y,
+            {
+                split: (model_input(posterior, part.x, device), part.y)
+                for split, part in (("test", data.test), ("val", data.val))
+            },
             n_samples=e.n_samples,
             scale=pred.effective_scale(),
             bn_x=bn_x,
@@ -54,13 +56,18 @@ def run() -> None:
             seed=derive_seed(p.seed, "evaluate", name),
             device=device,
         )
-        metrics = {**result.metrics, "scale": pred.effective_scale()}
+        result = results["test"]
+        metrics = {**result.metrics, "scale": pred.effective_scale(), "val": results["val"].metrics}
         write_json(Path("metrics") / f"{name}.json", metrics)
         write_csv(Path("plots/reliability") / f"{name}.csv", result.reliability.rows())
         write_csv(Path("plots/samples") / f"{name}.csv", result.by_samples)
-        mlrun.log_metrics(metrics)
+        mlrun.log_metrics({**result.metrics, **_prefixed("val_", results["val"].metrics)})
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
         mlrun.log_artifact(Path("plots/reliability") / f"{name}.csv", "plots")
+
+
+def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}{k}": v for k, v in metrics.items()}
 
 
 if __name__ == "__main__":

@@ -69,8 +69,7 @@ def _history(epochs: int, start_loss: float) -> list[dict[str, float]]:
     ]
 
 
-@pytest.fixture
-def inputs() -> ReportInputs:
+def _inputs() -> ReportInputs:
     # swag beats map on NLL (0.1234 < 0.1500) but not on accuracy (0.9700 < 0.9750).
     map_m = {"accuracy": 0.975, "nll": 0.15, "ece": 0.025, "ece15": 0.024, "brier": 0.04}
     swa_m = {"accuracy": 0.98, "nll": 0.14, "ece": 0.02, "ece15": 0.021, "brier": 0.038}
@@ -90,10 +89,21 @@ def inputs() -> ReportInputs:
     )
 
 
-def test_html_is_self_contained_with_valid_pngs(inputs: ReportInputs, tmp_path: Path) -> None:
-    paths = write_report(inputs, tmp_path / "out")
-    page = paths["html"].read_text(encoding="utf-8")
-    assert paths["html"] == tmp_path / "out" / "report.html"
+@pytest.fixture
+def inputs() -> ReportInputs:
+    return _inputs()
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One report shared by the read-only tests: drawing figures is the slow part."""
+    return write_report(_inputs(), tmp_path_factory.mktemp("report") / "out")
+
+
+def test_html_is_self_contained_with_valid_pngs(written: dict[str, Path]) -> None:
+    assert set(written) == {"html", "md", *FIGURES}
+    assert written["html"].name == "report.html" and written["html"].parent.name == "out"
+    page = written["html"].read_text(encoding="utf-8")
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
     assert "<script" not in page
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
@@ -101,24 +111,23 @@ def test_html_is_self_contained_with_valid_pngs(inputs: ReportInputs, tmp_path: 
     for b64 in images:
         assert base64.b64decode(b64, validate=True).startswith(PNG_MAGIC)
     for name in FIGURES:
-        assert paths[name].read_bytes().startswith(PNG_MAGIC)
+        assert written[name] == written["html"].parent / "figures" / f"{name}.png"
+        assert written[name].read_bytes().startswith(PNG_MAGIC)
 
 
-def test_markdown_links_existing_figures(inputs: ReportInputs, tmp_path: Path) -> None:
-    paths = write_report(inputs, tmp_path)
-    md = paths["md"].read_text(encoding="utf-8")
+def test_markdown_links_existing_figures(written: dict[str, Path]) -> None:
+    md = written["md"].read_text(encoding="utf-8")
     links = re.findall(r"\]\((figures/[^)]+\.png)\)", md)
     assert sorted(links) == sorted(f"figures/{n}.png" for n in FIGURES)
     for link in links:
-        assert (tmp_path / link).read_bytes().startswith(PNG_MAGIC)
+        assert (written["md"].parent / link).read_bytes().startswith(PNG_MAGIC)
 
 
 def test_tables_list_every_predictor_with_percent_accuracy(
-    inputs: ReportInputs, tmp_path: Path
+    inputs: ReportInputs, written: dict[str, Path]
 ) -> None:
-    paths = write_report(inputs, tmp_path)
-    md = paths["md"].read_text(encoding="utf-8")
-    page = paths["html"].read_text(encoding="utf-8")
+    md = written["md"].read_text(encoding="utf-8")
+    page = written["html"].read_text(encoding="utf-8")
     for p in inputs.predictors:
         assert re.search(rf"^\| {p.name} \| ", md, re.M)
         assert f"<td>{p.name}</td>" in page
@@ -142,26 +151,32 @@ def test_comparison_lines_are_honest(inputs: ReportInputs) -> None:
     assert not any(line.startswith("map ") for line in lines)
 
 
-def test_comparison_lines_without_baseline(inputs: ReportInputs, tmp_path: Path) -> None:
-    missing = dataclasses.replace(inputs, baseline="nope")
-    lines = comparison_lines(missing)
+def test_comparison_lines_without_baseline(inputs: ReportInputs) -> None:
+    lines = comparison_lines(dataclasses.replace(inputs, baseline="nope"))
     assert len(lines) == 1 and "nope" in lines[0] and "not among" in lines[0]
-    assert lines[0] in write_report(missing, tmp_path)["md"].read_text(encoding="utf-8")
 
 
-def test_user_strings_are_escaped_in_html(inputs: ReportInputs, tmp_path: Path) -> None:
-    page = write_report(inputs, tmp_path)["html"].read_text(encoding="utf-8")
+def test_findings_section_lists_comparison_lines(
+    inputs: ReportInputs, written: dict[str, Path]
+) -> None:
+    md = written["md"].read_text(encoding="utf-8")
+    page = written["html"].read_text(encoding="utf-8")
+    for line in comparison_lines(inputs):
+        assert f"- {line}" in md
+        assert f"<li>{line}</li>" in page
+
+
+def test_user_strings_are_escaped_in_html(inputs: ReportInputs, written: dict[str, Path]) -> None:
+    page = written["html"].read_text(encoding="utf-8")
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; kept 0.5." in page
     assert "Test &lt;report&gt;" in page
-    md = (tmp_path / "report.md").read_text(encoding="utf-8")
-    assert inputs.notes in md
+    assert inputs.notes in written["md"].read_text(encoding="utf-8")
 
 
-def test_writing_twice_is_byte_identical(inputs: ReportInputs, tmp_path: Path) -> None:
-    first = write_report(inputs, tmp_path / "a")
-    second = write_report(inputs, tmp_path / "a")
-    other = write_report(inputs, tmp_path / "b")
-    md = first["md"].read_bytes()
-    assert second["md"].read_bytes() == md == other["md"].read_bytes()
-    assert first["html"].read_bytes() == other["html"].read_bytes()
-    assert not list((tmp_path / "a").glob("**/*.tmp"))
+def test_writing_twice_is_byte_identical(inputs: ReportInputs, written: dict[str, Path]) -> None:
+    before = {name: path.read_bytes() for name, path in written.items()}
+    again = write_report(inputs, written["md"].parent)
+    assert again == written
+    for name, data in before.items():
+        assert again[name].read_bytes() == data
+    assert not [p for p in written["md"].parent.rglob("*") if p.name.endswith(".tmp")]

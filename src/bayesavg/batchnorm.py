@@ -19,12 +19,21 @@ def bn_modules(model: nn.Module) -> list[_BN]:
     return [m for m in model.modules() if isinstance(m, _BN) and m.track_running_stats]
 
 
+def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """Batch bounds; a last batch of one point joins the previous one (BN needs >= 2)."""
+    bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], n)]
+    return bounds
+
+
 @torch.no_grad()
 def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None:
     """Set every BN layer's running stats to its input's full-data mean and variance.
 
     The forward pass runs in train mode (each layer normalises with batch
-    statistics, as during training); ``model``'s mode is restored afterwards.
+    statistics, as during training); every module's mode is restored
+    afterwards. A BN layer the forward pass never reaches keeps its stats.
     """
     layers = bn_modules(model)
     if not layers:
@@ -40,17 +49,17 @@ def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None
         acc[2] = acc[2] + (inp * inp).sum(dim=dims)
 
     handles = [m.register_forward_pre_hook(hook) for m in layers]
-    was_training = model.training
+    modes = {m: m.training for m in model.modules()}
     try:
         model.train()
-        for start in range(0, x.shape[0], batch_size):
-            model(x[start : start + batch_size])
+        for start, stop in _batches(x.shape[0], batch_size):
+            model(x[start:stop])
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
-    for module in layers:
-        count, s1, s2 = sums[module]
+        for m, training in modes.items():
+            m.training = training
+    for module, (count, s1, s2) in sums.items():
         mean = s1 / count
         var = (s2 / count - mean * mean).clamp(min=0) * (count / max(count - 1, 1))
         module.running_mean.copy_(mean)

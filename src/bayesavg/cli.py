@@ -98,15 +98,14 @@ def _evaluate(args: argparse.Namespace) -> None:
     result = evaluate(
         posterior,
         args.predictor,
-        model_input(posterior, test.x, device),
-        test.y,
+        {"test": (model_input(posterior, test.x, device), test.y)},
         n_samples=args.samples,
         scale=args.scale,
         bn_x=bn_x,
         batch_size=args.batch_size,
         seed=args.seed,
         device=device,
-    )
+    )["test"]
     write_json(args.out, {**result.metrics, "predictor": args.predictor, "data": args.data})
     if args.reliability is not None:
         write_csv(args.reliability, result.reliability.rows())

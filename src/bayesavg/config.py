@@ -196,6 +196,13 @@ class Params(_Section):
                     f"{key}.method: {pred.method} needs snapshots, but finetune."
                     f"{pred.trajectory} has no 'collect' section"
                 )
+            per_epoch = traj.collect is not None and not traj.collect.every
+            few = traj.collect is not None and traj.epochs - traj.collect.start_epoch < 2
+            if pred.method == "swag" and per_epoch and traj.schedule.kind != "cyclic" and few:
+                raise ValueError(
+                    f"finetune.{pred.trajectory}.collect.start_epoch: {key} needs >= 2 "
+                    "snapshots; collect from an earlier epoch or set collect.every"
+                )
         return self
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -82,8 +82,7 @@ def log_softmax_predictions(model: nn.Module, x: torch.Tensor, batch_size: int) 
 def evaluate(
     posterior: PosteriorFile,
     method: str,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
+    splits: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
     *,
     n_samples: int = 30,
     scale: float | None = None,
@@ -92,11 +91,13 @@ def evaluate(
     ece_bins: int = 20,
     seed: int = 0,
     device: torch.device | str = "cpu",
-) -> Evaluation:
+) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
-    ``x_test`` and ``bn_x`` are model-ready inputs; ``bn_x`` (training data)
-    is required when the model has BatchNorm and the method samples weights.
+    ``splits`` maps a name ("test", "val") to model-ready inputs and labels;
+    all splits share each sample and its BN update, in one forward pass.
+    ``bn_x`` (training inputs) is required when the model has BatchNorm and
+    the method samples weights.
     """
     device = torch.device(device)
     model = posterior.build_model(device)
@@ -108,29 +109,46 @@ def evaluate(
     needs_bn = method != "map" and has_batchnorm(model)
     if needs_bn and bn_x is None:
         raise UserError(f"predictor {method} on a BatchNorm model needs training data for BN")
-    x_test, y_test = x_test.to(device), y_test.to(device)
+    names = list(splits)
+    sizes = [splits[n][0].shape[0] for n in names]
+    x_all = torch.cat([splits[n][0] for n in names]).to(device)
+    ys = [splits[n][1].to(device) for n in names]
     log_sum: torch.Tensor | None = None
-    per_s: list[dict[str, torch.Tensor]] = []
+    per_s: dict[str, list[dict[str, torch.Tensor]]] = {n: [] for n in names}
     for s in tqdm(range(1, total + 1), desc=f"evaluate {method}", disable=None, leave=False):
         with torch.no_grad():
             vector_to_parameters(draw(), model.parameters())
         if needs_bn:
             update_bn(model, bn_x, batch_size)
-        logp = log_softmax_predictions(model, x_test, batch_size)
+        logp = log_softmax_predictions(model, x_all, batch_size)
         log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
-        bma = log_sum - math.log(s)
-        per_s.append(classification_metrics(bma, y_test, ece_bins))
+        for name, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
+            per_s[name].append(classification_metrics(bma, y, ece_bins))
     assert log_sum is not None
-    bma = log_sum - math.log(total)
+    bmas = (log_sum - math.log(total)).split(sizes)
+    return {
+        name: _summarise(per_s[name], bma, y, total, ece_bins)
+        for name, bma, y in zip(names, bmas, ys, strict=True)
+    }
+
+
+def _summarise(
+    per_s: list[dict[str, torch.Tensor]],
+    bma: torch.Tensor,
+    y: torch.Tensor,
+    total: int,
+    ece_bins: int,
+) -> Evaluation:
+    """Final metrics and the s = 1..S table, with one device-to-host copy."""
     keys = list(per_s[0])
     table = torch.stack([torch.stack([row[k] for k in keys]) for row in per_s]).tolist()
     by_samples = [
         {"samples": s, **dict(zip(keys, vals, strict=True))} for s, vals in enumerate(table, 1)
     ]
     metrics: dict[str, float] = dict(zip(keys, table[-1], strict=True))
-    metrics["n"] = int(y_test.shape[0])
+    metrics["n"] = int(y.shape[0])
     metrics["n_samples"] = total
-    return Evaluation(metrics, reliability(bma, y_test, ece_bins), by_samples, bma.cpu())
+    return Evaluation(metrics, reliability(bma, y, ece_bins), by_samples, bma.cpu())
 
 
 def model_input(

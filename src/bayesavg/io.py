@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 @contextlib.contextmanager
@@ -26,6 +30,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are ordinary files
     try:
         yield tmp_path
         os.replace(tmp_path, path)
@@ -48,8 +53,14 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def save_torch(path: str | os.PathLike[str], obj: Any) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    """torch.save, byte-identical for identical content.
+
+    Saving to a path names the archive's inner folder after that (random
+    temp) file; saving to a buffer does not, so reruns hash the same.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes(path, buffer.getvalue())
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -7,10 +7,9 @@ pretrained network (no collector) and every fine-tuning trajectory.
 
 from __future__ import annotations
 
-import zipfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from pickle import UnpicklingError
 from typing import Any
 
 import torch
@@ -38,6 +37,20 @@ class PosteriorFile:
     buffers: dict[str, torch.Tensor]
     collector: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Check the parts agree (sizes, keys), so use never fails half-way."""
+        for key in ("dataset", "seed", "test_fraction", "val_fraction"):
+            if key not in self.data:
+                raise KeyError(f"data.{key}")
+        model = build_model(self.model_name, self.input_shape, self.num_classes, self.model_kwargs)
+        expected = sum(p.numel() for p in model.parameters())
+        if not isinstance(self.theta, torch.Tensor) or self.theta.shape != (expected,):
+            raise ValueError(f"theta must have {expected} values for {self.model_name}")
+        if set(self.buffers) != {name for name, _ in model.named_buffers()}:
+            raise ValueError("buffers do not match the model's")
+        if self.collector is not None and self.collector.get("num_params") != expected:
+            raise ValueError(f"collector must cover {expected} parameters")
 
     @property
     def has_batchnorm(self) -> bool:
@@ -105,13 +118,19 @@ def load_posterior(path: str | Path) -> PosteriorFile:
     if not path.is_file():
         raise UserError(f"posterior file {path} does not exist")
     try:
-        d = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, UnpicklingError, zipfile.BadZipFile) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"cannot read posterior file {path}: {first}") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch's unpickler raises many types on corrupt bytes
+        raise UserError(
+            f"cannot read posterior file {path} ({type(err).__name__}): not a file written by "
+            "bayesavg, or corrupt; re-create it with the finetune stage"
+        ) from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise UserError(f"{path} is not a bayesavg posterior file (expected format {FORMAT})")
     try:
-        return PosteriorFile.from_dict(d)
-    except (KeyError, TypeError) as err:
-        raise UserError(f"{path}: posterior file is missing {err}") from None
+        posterior = PosteriorFile.from_dict(d)
+        posterior.validate()
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise UserError(f"{path}: malformed posterior file ({type(err).__name__}: {err})") from None
+    return posterior

@@ -213,7 +213,8 @@ def _training_figure(histories: dict[str, list[dict[str, float]]]) -> bytes:
     """Pretraining first, then each trajectory continuing after its last epoch."""
     fig = Figure(figsize=(10, 4), layout="constrained")
     loss_ax, acc_ax = fig.subplots(1, 2)
-    offset = len(histories.get("pretrain", []))
+    pretrain = histories.get("pretrain", [])
+    offset = len(pretrain)
     runs = [("pretrain", 0, "0.3")] if "pretrain" in histories else []
     others = [name for name in histories if name != "pretrain"]
     runs += [(n, offset, _COLOURS[i % len(_COLOURS)]) for i, n in enumerate(others)]
@@ -226,8 +227,8 @@ def _training_figure(histories: dict[str, list[dict[str, float]]]) -> bytes:
                     ys = [r[f"{split}_{metric}"] for r in rows]
                     ax.plot(xs, ys, style, color=colour, marker=".", label=f"{name} {split}")
     for ax, label in ((loss_ax, "loss"), (acc_ax, "accuracy")):
-        if offset and others:
-            ax.axvline(offset + 0.5, color="k", linestyle=":", linewidth=1)
+        if pretrain and others:
+            ax.axvline(max(r["epoch"] for r in pretrain) + 0.5, color="k", ls=":", lw=1)
         ax.set(xlabel="epoch", ylabel=label, title=f"Training {label}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if ax.lines:

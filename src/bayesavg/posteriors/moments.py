@@ -67,7 +67,7 @@ class MomentCollector:
 
     @property
     def mean(self) -> torch.Tensor:
-        return self._mean.to(self.dtype)
+        return self._mean.to(self.dtype, copy=True)
 
     @property
     def sq_mean(self) -> torch.Tensor:
@@ -103,9 +103,9 @@ class MomentCollector:
             "num_params": self.num_params,
             "max_rank": self.max_rank,
             "n_collected": self.n_collected,
-            "mean": self._mean.cpu(),
-            "m2": self._m2.cpu(),
-            "deviations": self.deviations.cpu(),
+            "mean": self._mean.cpu().clone(),
+            "m2": self._m2.cpu().clone(),
+            "deviations": self.deviations.cpu().clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

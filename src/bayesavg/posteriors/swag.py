@@ -27,7 +27,7 @@ class SWAG(MomentCollector):
             raise RuntimeError("SWAG.sample() called before any snapshot was collected")
         if scale < 0:
             raise ValueError(f"scale must be >= 0, got {scale}")
-        mean = self._mean.to(self.dtype)
+        mean = self.mean
         if scale == 0:
             return mean
         z1 = torch.randn(self.num_params, generator=generator, device=self.device, dtype=self.dtype)

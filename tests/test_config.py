@@ -1,0 +1,115 @@
+"""params.yaml validation: every bad value is one clear line naming the key."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bayesavg.config import load_params, parse_params
+from bayesavg.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def default_raw() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def _with(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A deep copy of ``raw`` with one dotted key set (or deleted when value is ...)."""
+    out = copy.deepcopy(raw)
+    *parents, last = dotted.split(".")
+    node = out
+    for key in parents:
+        node = node[key]
+    if value is ...:
+        del node[last]
+    else:
+        node[last] = value
+    return out
+
+
+def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
+    params = load_params(ROOT / "params.yaml")
+    assert params.data.dataset == "mnist5k"
+    assert set(params.evaluate.predictors) >= {"map", "swa", "swag_diag", "swag"}
+    assert params.finetune["swag"].collect is not None
+    assert params.evaluate.predictors["swag"].effective_scale() == 0.5
+    assert params.evaluate.predictors["swag_diag"].effective_scale() == 1.0
+    assert parse_params(default_raw) == params
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("seed", -1, "seed: Input should be greater than or equal to 0"),
+        ("seed", "0", "seed: Input should be a valid integer"),
+        ("device", "tpu", "device: 'tpu' is not one of auto, cpu, cuda, cuda:N"),
+        ("data.dataset", "imagenet", "data.dataset: unknown 'imagenet'"),
+        ("data.val_fraction", 1.5, "data.val_fraction: Input should be less than 1"),
+        ("data.test_fraction", "0.2", "data.test_fraction: Input should be a valid number"),
+        ("model.name", "resnet50", "model.name: Input should be 'mlp', 'lenet5'"),
+        ("pretrain.epochs", 0, "pretrain.epochs: Input should be greater than or equal to 1"),
+        ("pretrain.schedule.kind", "step", "pretrain.schedule.kind: Input should be"),
+        ("pretrain.schedule.lr", float("nan"), "pretrain.schedule.lr"),
+        ("pretrain.momentum", 1.0, "pretrain.momentum: Input should be less than 1"),
+        ("finetune.swag.collect.max_rank", 1, "finetune.swag.collect.max_rank: Input should be"),
+        ("finetune.swag.collect.start_epoch", 10, "finetune.swag.collect.start_epoch: must be <"),
+        ("finetune.swag.schedule", {"kind": "cyclic", "lr": 0.05, "lr_end": 0.0}, "lr_end"),
+        ("evaluate.n_samples", 0, "evaluate.n_samples: Input should be greater than or equal to 1"),
+        ("evaluate.bn_update_fraction", 0.0, "evaluate.bn_update_fraction"),
+        ("evaluate.predictors.swag.trajectory", "nope", "'nope' is not a finetune trajectory"),
+        ("evaluate.predictors.swag.method", "laplace", "evaluate.predictors.swag.method"),
+        ("finetune.swag.collect", None, "swag has no 'collect' section"),
+    ],
+)
+def test_bad_value_names_key(
+    default_raw: dict[str, Any], key: str, value: Any, expected: str
+) -> None:
+    with pytest.raises(UserError) as err:
+        parse_params(_with(default_raw, key, value))
+    message = str(err.value)
+    assert expected in message
+    assert message.startswith("params.yaml: ")
+    assert "\n" not in message
+
+
+def test_unknown_key_is_rejected(default_raw: dict[str, Any]) -> None:
+    with pytest.raises(UserError, match=r"unknown key 'finetune\.swag\.colect'"):
+        parse_params(_with(default_raw, "finetune.swag.colect", {"max_rank": 3}))
+
+
+def test_missing_required_section(default_raw: dict[str, Any]) -> None:
+    with pytest.raises(UserError, match="missing key 'evaluate'"):
+        parse_params(_with(default_raw, "evaluate", ...))
+
+
+def test_bool_is_not_an_int(default_raw: dict[str, Any]) -> None:
+    with pytest.raises(UserError, match=r"pretrain\.epochs"):
+        parse_params(_with(default_raw, "pretrain.epochs", True))
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="cannot read"):
+        load_params(tmp_path / "missing.yaml")
+    bad = tmp_path / "params.yaml"
+    bad.write_text("seed: [1,\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_params(bad)
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="top level must be a mapping"):
+        load_params(bad)
+
+
+def test_snapshot_count(default_raw: dict[str, Any]) -> None:
+    raw = _with(default_raw, "finetune.swag.epochs", 4)
+    raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 0, "max_rank": 5})
+    traj = parse_params(raw).finetune["swag"]
+    assert traj.snapshots(iters_per_epoch=10) == 3
+    raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 4, "max_rank": 5})
+    assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 7

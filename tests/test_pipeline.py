@@ -181,3 +181,15 @@ def test_bad_params_stop_before_any_output(repo: Path) -> None:
     finally:
         params.write_text(good)
     assert "Running stage" not in sh(repo, str(BIN / "dvc"), "repro").stdout
+
+
+@pytest.mark.slow
+def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
+    """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store."""
+    before = {r.info.run_id for r in _runs(repo)}
+    sh(repo, str(BIN / "dvc"), "exp", "run", "--temp", "-n", "fewer", "-S", "evaluate.n_samples=2")
+    new = [r for r in _runs(repo) if r.info.run_id not in before]
+    names = {r.info.run_name for r in new}
+    assert {"evaluate@swag", "evaluate@swag_diag", "report"} <= names
+    assert all(r.data.tags["dvc_exp_name"] == "fewer" for r in new)
+    assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))

@@ -41,12 +41,12 @@ def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None
     sums: dict[_BN, list[torch.Tensor | int]] = {}
 
     def hook(module: _BN, inputs: tuple[torch.Tensor, ...]) -> None:
-        inp = inputs[0].double()
+        inp = inputs[0]
         dims = [0, *range(2, inp.dim())]
         acc = sums.setdefault(module, [0, 0.0, 0.0])
         acc[0] += inp.numel() // inp.shape[1]
-        acc[1] = acc[1] + inp.sum(dim=dims)
-        acc[2] = acc[2] + (inp * inp).sum(dim=dims)
+        acc[1] = acc[1] + inp.sum(dim=dims, dtype=torch.float64)
+        acc[2] = acc[2] + inp.square().sum(dim=dims, dtype=torch.float64)
 
     handles = [m.register_forward_pre_hook(hook) for m in layers]
     modes = {m: m.training for m in model.modules()}

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from .errors import UserError
 from .io import save_torch
@@ -100,9 +100,17 @@ class PosteriorFile:
         return cls(theta=theta, buffers=buffers, **fields)
 
 
+@torch.no_grad()
 def load_theta(model: nn.Module, theta: torch.Tensor, buffers: dict[str, torch.Tensor]) -> None:
-    """Copy a flat parameter vector and named buffers into ``model``."""
-    vector_to_parameters(theta.to(next(model.parameters()).device), model.parameters())
+    """Copy a flat parameter vector and named buffers into ``model``.
+
+    Copies, unlike ``vector_to_parameters``, which makes the parameters views
+    of ``theta`` so that training the model would silently edit ``theta``.
+    """
+    offset = 0
+    for param in model.parameters():
+        param.copy_(theta[offset : offset + param.numel()].view_as(param))
+        offset += param.numel()
     own = dict(model.named_buffers())
     for name, value in buffers.items():
         own[name].copy_(value)

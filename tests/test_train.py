@@ -1,0 +1,93 @@
+"""The training loop, schedules and trajectories: determinism, collection, divergence."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from bayesavg.config import parse_params
+from bayesavg.errors import UserError
+from bayesavg.io import sha256_file
+from bayesavg.posterior_file import save_posterior
+from bayesavg.train import Tensors, lr_at, sgd, train
+from bayesavg.trajectories import finetune, pretrain
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+def _params(**overrides: Any) -> Any:
+    """Default params with a small MLP and short runs."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["model"] = {"name": "mlp", "hidden": [16]}
+    raw["pretrain"]["epochs"] = 1
+    raw["pretrain"]["batch_size"] = 128
+    for traj in raw["finetune"].values():
+        traj["epochs"] = 2
+        traj["batch_size"] = 128
+    raw["finetune"]["swag"]["collect"] = {"start_epoch": 1, "every": 5, "max_rank": 3}
+    for key, value in overrides.items():
+        raw[key] = value
+    return parse_params(raw)
+
+
+def test_pretraining_is_bitwise_deterministic(mnist5k_prepared: Any, tmp_path: Path) -> None:
+    params = _params()
+    digests = []
+    for run in range(2):
+        result = pretrain(params, mnist5k_prepared.prepared, CPU)
+        save_posterior(tmp_path / f"run{run}.pt", result.posterior)
+        digests.append(sha256_file(tmp_path / f"run{run}.pt"))
+    assert digests[0] == digests[1]
+    other = pretrain(_params(seed=1), mnist5k_prepared.prepared, CPU)
+    assert not torch.equal(other.posterior.theta, result.posterior.theta)
+
+
+def test_finetune_collects_on_schedule(mnist5k_prepared: Any) -> None:
+    params = _params()
+    prepared = mnist5k_prepared.prepared
+    start = pretrain(params, prepared, CPU).posterior
+    result = finetune(params, "swag", prepared, start, CPU)
+    iters_per_epoch = math.ceil(len(prepared.train) / 128)
+    expected = params.finetune["swag"].snapshots(iters_per_epoch)
+    assert expected == iters_per_epoch // 5
+    assert result.posterior.collector is not None
+    assert result.posterior.collector["n_collected"] == expected
+    assert [row["epoch"] for row in result.history] == [1, 2]
+    assert {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr"} <= set(
+        result.history[0]
+    )
+    baseline = finetune(params, "sgd", prepared, start, CPU)
+    assert baseline.posterior.collector is None
+    assert not torch.equal(baseline.posterior.theta, start.theta)
+
+
+def test_nan_loss_stops_with_epoch_and_hint() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    data = Tensors(torch.randn(32, 4) * 1e30, torch.randint(0, 3, (32,)))
+    with pytest.raises(UserError, match=r"epoch 1; lower the learning rate"):
+        train(
+            model,
+            sgd(model, 0.9, 0.0),
+            data,
+            epochs=3,
+            batch_size=8,
+            lr=lambda i: 1e10,
+            generator=torch.Generator().manual_seed(0),
+        )
+
+
+def test_schedules() -> None:
+    cyclic = lr_at("cyclic", 0.05, 0.01, 4, 100)
+    assert [round(cyclic(i), 6) for i in range(5)] == [0.04, 0.03, 0.02, 0.01, 0.04]
+    cosine = lr_at("cosine", 0.1, 0.001, 0, 11)
+    assert cosine(0) == pytest.approx(0.1)
+    assert cosine(5) == pytest.approx((0.1 + 0.001) / 2)
+    assert cosine(10) == pytest.approx(0.001)
+    assert lr_at("constant", 0.02, 0.0, 1, 5)(3) == 0.02

@@ -8,6 +8,7 @@ bad params.yaml stops the pipeline before any output is touched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -99,15 +100,18 @@ def test_outputs(repo: Path) -> None:
         assert post["model"] == {"name": "mlp", "kwargs": {"hidden": [32]}}
         assert post["input"]["shape"] == [1, 28, 28]
         assert post["num_classes"] == 10
+    manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
+    n_train, n_val = manifest["splits"]["train"]["n"], manifest["splits"]["val"]["n"]
+    assert n_train + n_val + manifest["splits"]["test"]["n"] == 5000
     swag = torch.load(repo / "models/swag/posterior.pt", weights_only=True)["collector"]
-    assert swag["n_collected"] == 2 * 15 // 4  # 3600 images / 256 = 15 iterations per epoch
+    assert swag["n_collected"] == 2 * math.ceil(n_train / 256) // 4
     for pred in ("map", "swa", "swag_diag", "swag"):
         metrics = json.loads((repo / "metrics" / f"{pred}.json").read_text())
         assert {"accuracy", "nll", "ece", "ece15", "brier", "n"} <= set(metrics)
         assert metrics["n"] == 1000
         assert 0.5 < metrics["accuracy"] <= 1
         assert metrics["n_samples"] == (3 if pred in ("swag", "swag_diag") else 1)
-        assert metrics["val"]["n"] == 400
+        assert metrics["val"]["n"] == n_val
         rel = (repo / "plots/reliability" / f"{pred}.csv").read_text().splitlines()
         assert rel[0].startswith("bin,lower,upper,confidence,accuracy,gap,count")
         assert len(rel) == 1 + 20

@@ -1,0 +1,567 @@
+"""Speed of bayesavg's two hot paths, as ratios to a baseline measured in the same run.
+
+Absolute seconds depend on the machine and on whatever else it runs, so
+every number that matters here is a ratio between variants timed side by
+side: each round runs every variant once, in a rotated order, after a
+warm-up, and the median and range over rounds are reported. Nothing is
+asserted; the targets are printed next to the measurements.
+
+(a) Fine-tuning throughput of LeNet-5 on the in-memory mnist5k train split:
+    ``bayesavg.train.train`` with SWAG collection (the ``after_step`` hook of
+    ``trajectories.finetune``), without it, and a bare PyTorch loop.
+(b) 30-sample SWAG evaluation on the test split: ``bayesavg.evaluate.evaluate``
+    against the lower bound of S forward passes (plus S BatchNorm passes over
+    the training data for a BN model) and against a straightforward
+    per-sample loop with state dicts, ``torch.optim.swa_utils.update_bn`` and
+    DataLoaders.
+
+Run ``python benchmarks/run.py [--quick] [--device auto|cpu|cuda]``; the
+results go to ``benchmarks/results.json``. See ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import update_bn as torch_update_bn
+from torch.utils.data import DataLoader, TensorDataset
+
+from bayesavg import models
+from bayesavg.data import prepare, to_input
+from bayesavg.evaluate import evaluate
+from bayesavg.io import write_text
+from bayesavg.posterior_file import PosteriorFile
+from bayesavg.posteriors import SWAG
+from bayesavg.seeding import derive_seed, generator, resolve_device, seed_everything
+from bayesavg.train import Tensors, lr_at, sgd, train
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+SEED = 0
+INPUT_SHAPE = (1, 28, 28)
+NUM_CLASSES = 10
+BN_MODEL = "bench_lenet5_bn"
+MOMENTUM, WEIGHT_DECAY = 0.9, 0.0005
+FINETUNE_LR = 0.01
+POSTERIOR_LR = 0.05
+MAX_RANK = 20
+SNAPSHOTS = 10
+TARGET_OVERHEAD = 0.05
+TARGET_RATIO = 1.10
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Work per measurement; ``--quick`` shrinks it for a smoke run."""
+
+    epochs: int
+    finetune_rounds: int
+    n_samples: int
+    eval_rounds: int
+    bn_images: int | None = None
+    batch_size: int = 64
+    eval_batch_size: int = 1000
+    collect_every: int = 10
+
+
+FULL = Settings(epochs=2, finetune_rounds=5, n_samples=30, eval_rounds=3)
+QUICK = Settings(epochs=1, finetune_rounds=2, n_samples=5, eval_rounds=2, bn_images=1000)
+
+
+class Outcome(NamedTuple):
+    """Seconds one variant took, and what it computed (for the agreement checks)."""
+
+    seconds: float
+    result: torch.Tensor
+
+
+Variant = Callable[[], Outcome]
+
+
+def lenet5_bn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """LeNet-5 with BatchNorm after each conv and hidden linear layer; benchmark-only."""
+    channels, height, width = in_shape
+    pad = 2 if (height, width) == (28, 28) else 0
+    feat = ((height + 2 * pad - 4) // 2 - 4) // 2
+    return nn.Sequential(
+        nn.Conv2d(channels, 6, 5, padding=pad, bias=False),
+        nn.BatchNorm2d(6),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * feat * feat, 120, bias=False),
+        nn.BatchNorm1d(120),
+        nn.ReLU(inplace=True),
+        nn.Linear(120, 84, bias=False),
+        nn.BatchNorm1d(84),
+        nn.ReLU(inplace=True),
+        nn.Linear(84, num_classes),
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="smoke run (~20 s)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON path")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: untouched)"
+    )
+    return parser.parse_args()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def machine_info(device: torch.device, threads_from_flag: bool) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "threads_from_flag": threads_from_flag,
+        "device": str(device),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average_start": [round(v, 2) for v in os.getloadavg()],
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def load_data(device: torch.device) -> tuple[Tensors, Tensors]:
+    """mnist5k train and test splits, normalised, on the device (as the pipeline does)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        prep = prepare("mnist5k", tmp, Path(tmp) / "prepared", SEED, 0.2, 0.1)
+    mean, std = prep.manifest["mean"], prep.manifest["std"]
+    return (
+        Tensors(to_input(prep.train.x, mean, std, device), prep.train.y.to(device)),
+        Tensors(to_input(prep.test.x, mean, std, device), prep.test.y.to(device)),
+    )
+
+
+def init_model(name: str, device: torch.device) -> nn.Module:
+    """A registry model from a seeded random initialisation."""
+    torch.manual_seed(derive_seed(SEED, "bench", name))
+    return models.build_model(name, INPUT_SHAPE, NUM_CLASSES).to(device)
+
+
+def theta(model: nn.Module) -> torch.Tensor:
+    return nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
+
+
+def interleave(variants: dict[str, Variant], rounds: int) -> dict[str, list[float]]:
+    """Seconds per round for every variant; round r starts at variant r (rotated order)."""
+    names = list(variants)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds[name].append(variants[name]().seconds)
+    return seconds
+
+
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def per_round_ratios(num: list[float], den: list[float]) -> list[float]:
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
+# (a) fine-tuning ------------------------------------------------------------
+
+
+def run_train(
+    model0: nn.Module,
+    data: Tensors,
+    epochs: int,
+    batch_size: int,
+    collect_every: int | None,
+) -> tuple[Outcome, SWAG | None]:
+    """``bayesavg.train.train`` with SWAG collection as in ``trajectories.finetune``.
+
+    ``collect_every``: None = no collection, 0 = each epoch, k = every k iterations.
+    """
+    model = copy.deepcopy(model0).train()
+    optimizer = sgd(model, MOMENTUM, WEIGHT_DECAY)
+    iters_per_epoch = math.ceil(len(data) / batch_size)
+    total = epochs * iters_per_epoch
+    collector: SWAG | None = None
+    after_step = None
+    if collect_every is not None:
+        collector = SWAG(theta(model).numel(), MAX_RANK, device=data.x.device)
+        first = 0
+        every = collect_every or iters_per_epoch
+
+        def after_step(i: int) -> None:
+            if i >= first and (i - first + 1) % every == 0:
+                collector.collect(model)
+
+    device = data.x.device
+    sync(device)
+    start = time.perf_counter()
+    train(
+        model,
+        optimizer,
+        data,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr_at("constant", FINETUNE_LR, FINETUNE_LR, 1, total),
+        generator=generator(SEED),
+        after_step=after_step,
+        desc="bench",
+    )
+    sync(device)
+    return Outcome(time.perf_counter() - start, theta(model)), collector
+
+
+def run_bare(model0: nn.Module, data: Tensors, epochs: int, batch_size: int) -> Outcome:
+    """The same SGD in plain PyTorch: no schedule, no metrics, no hooks."""
+    model = copy.deepcopy(model0).train()
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=FINETUNE_LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY
+    )
+    gen = generator(SEED)
+    n, device = len(data), data.x.device
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen).to(device)
+        for b in range(0, n, batch_size):
+            idx = order[b : b + batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(data.x[idx]), data.y[idx])
+            loss.backward()
+            optimizer.step()
+    sync(device)
+    return Outcome(time.perf_counter() - start, theta(model))
+
+
+def finetune_variants(
+    model0: nn.Module, data: Tensors, epochs: int, s: Settings
+) -> dict[str, Variant]:
+    def with_collection(collect_every: int | None) -> Variant:
+        return lambda: run_train(model0, data, epochs, s.batch_size, collect_every)[0]
+
+    return {
+        "bare_torch_loop": partial(run_bare, model0, data, epochs, s.batch_size),
+        "train_no_collection": with_collection(None),
+        "train_swag_every_epoch": with_collection(0),
+        f"train_swag_every_{s.collect_every}_iters": with_collection(s.collect_every),
+    }
+
+
+def bench_finetune(train_data: Tensors, s: Settings) -> dict[str, Any]:
+    model0 = init_model("lenet5", train_data.x.device)
+    warm_data = Tensors(train_data.x[:640], train_data.y[:640])
+    warm = {name: v() for name, v in finetune_variants(model0, warm_data, 1, s).items()}
+    same = torch.equal(warm["bare_torch_loop"].result, warm["train_no_collection"].result)
+    seconds = interleave(finetune_variants(model0, train_data, s.epochs, s), s.finetune_rounds)
+    images = s.epochs * len(train_data)
+    bare = seconds["bare_torch_loop"]
+    rates = {k: median_range([images / t for t in v]) for k, v in seconds.items()}
+    overhead = {
+        k: median_range([r - 1 for r in per_round_ratios(v, bare)])
+        for k, v in seconds.items()
+        if k != "bare_torch_loop"
+    }
+    return {
+        "model": "lenet5",
+        "train_images": len(train_data),
+        "epochs": s.epochs,
+        "batch_size": s.batch_size,
+        "rounds": s.finetune_rounds,
+        "images_per_s": {k: round(v[0], 1) for k, v in rates.items()},
+        "images_per_s_range": {k: [round(v[1], 1), round(v[2], 1)] for k, v in rates.items()},
+        "overhead_vs_bare": {k: round(v[0], 4) for k, v in overhead.items()},
+        "overhead_vs_bare_range": {
+            k: [round(v[1], 4), round(v[2], 4)] for k, v in overhead.items()
+        },
+        "target_overhead": TARGET_OVERHEAD,
+        "target_variant": "train_swag_every_epoch",
+        "target_met": overhead["train_swag_every_epoch"][0] <= TARGET_OVERHEAD,
+        "train_equals_bare_weights": same,
+    }
+
+
+# (b) SWAG evaluation ----------------------------------------------------------
+
+
+def swag_posterior(name: str, train_data: Tensors, s: Settings) -> PosteriorFile:
+    """Train ``name`` from a seeded random init, collecting SNAPSHOTS SWAG snapshots.
+
+    The inputs are already normalised, so the file records identity normalisation.
+    """
+    model = init_model(name, train_data.x.device).train()
+    total = s.epochs * math.ceil(len(train_data) / s.batch_size)
+    every = max(total // SNAPSHOTS, 1)
+    collector = SWAG(theta(model).numel(), MAX_RANK, device=train_data.x.device)
+
+    def after_step(i: int) -> None:
+        if (i + 1) % every == 0:
+            collector.collect(model)
+
+    train(
+        model,
+        sgd(model, MOMENTUM, WEIGHT_DECAY),
+        train_data,
+        epochs=s.epochs,
+        batch_size=s.batch_size,
+        lr=lr_at("constant", POSTERIOR_LR, POSTERIOR_LR, 1, total),
+        generator=generator(SEED),
+        after_step=after_step,
+        desc=f"posterior {name}",
+    )
+    posterior = PosteriorFile.from_model(
+        model,
+        trajectory="bench",
+        model_name=name,
+        model_kwargs={},
+        input_shape=INPUT_SHAPE,
+        mean=[0.0],
+        std=[1.0],
+        num_classes=NUM_CLASSES,
+        data={"dataset": "mnist5k", "seed": SEED, "test_fraction": 0.2, "val_fraction": 0.1},
+    )
+    posterior.collector = collector.state_dict()
+    return posterior
+
+
+def run_ours(
+    posterior: PosteriorFile, test: Tensors, bn_x: torch.Tensor | None, n: int, batch: int
+) -> Outcome:
+    device = test.x.device
+    sync(device)
+    start = time.perf_counter()
+    result = evaluate(
+        posterior,
+        "swag",
+        {"test": (test.x, test.y)},
+        n_samples=n,
+        bn_x=bn_x,
+        batch_size=batch,
+        seed=SEED,
+        device=device,
+    )
+    sync(device)
+    return Outcome(time.perf_counter() - start, result["test"].log_probs.exp())
+
+
+def run_bound(
+    posterior: PosteriorFile, test: Tensors, bn_x: torch.Tensor | None, n: int, batch: int
+) -> Outcome:
+    """S forward passes over the test split (and S train-mode passes over ``bn_x``)."""
+    device = test.x.device
+    model = posterior.build_model(device)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(n):
+        if bn_x is not None:
+            model.train()
+            with torch.no_grad():
+                for i in range(0, bn_x.shape[0], batch):
+                    model(bn_x[i : i + batch])
+            model.eval()
+        with torch.inference_mode():
+            for i in range(0, test.x.shape[0], batch):
+                model(test.x[i : i + batch])
+    sync(device)
+    return Outcome(time.perf_counter() - start, torch.empty(0))
+
+
+def state_dict_of(template: nn.Module, vector: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A full state dict: ``vector`` cut into the template's parameters, plus its buffers."""
+    params = dict(template.named_parameters())
+    chunks = vector.split([p.numel() for p in params.values()])
+    state = {k: c.view_as(p) for (k, p), c in zip(params.items(), chunks, strict=True)}
+    state.update(dict(template.named_buffers()))
+    return state
+
+
+def run_naive(
+    posterior: PosteriorFile, test: Tensors, bn_x: torch.Tensor | None, n: int, batch: int
+) -> Outcome:
+    """The straightforward loop: sample, load a state dict into a copy, torch update_bn, predict."""
+    device = test.x.device
+    sync(device)
+    start = time.perf_counter()
+    swag = SWAG.from_state_dict(posterior.collector, device=device)
+    template = posterior.build_model(device)
+    gen = torch.Generator(device=device).manual_seed(SEED)
+    test_loader = DataLoader(TensorDataset(test.x), batch_size=batch)
+    bn_loader = None if bn_x is None else DataLoader(TensorDataset(bn_x), batch_size=batch)
+    probs = torch.zeros(test.x.shape[0], NUM_CLASSES, device=device)
+    for _ in range(n):
+        model = copy.deepcopy(template)
+        model.load_state_dict(state_dict_of(template, swag.sample(scale=0.5, generator=gen)))
+        if bn_loader is not None:
+            torch_update_bn(bn_loader, model, device)
+        model.eval()
+        with torch.no_grad():
+            probs += torch.cat([torch.softmax(model(xb), dim=1) for (xb,) in test_loader])
+    probs /= n
+    sync(device)
+    return Outcome(time.perf_counter() - start, probs.cpu())
+
+
+def eval_variants(
+    posterior: PosteriorFile, test: Tensors, bn_x: torch.Tensor | None, n: int, batch: int
+) -> dict[str, Variant]:
+    args = (posterior, test, bn_x, n, batch)
+    return {
+        "bound": partial(run_bound, *args),
+        "ours": partial(run_ours, *args),
+        "naive": partial(run_naive, *args),
+    }
+
+
+def bench_evaluate_one(
+    name: str, train_data: Tensors, test: Tensors, s: Settings
+) -> dict[str, Any]:
+    posterior = swag_posterior(name, train_data, s)
+    bn_x = train_data.x[: s.bn_images] if posterior.has_batchnorm else None
+    warm = {k: v() for k, v in eval_variants(posterior, test, bn_x, 2, s.eval_batch_size).items()}
+    prob_diff = (warm["ours"].result - warm["naive"].result.double()).abs().max().item()
+    check = eval_variants(posterior, test, bn_x, s.n_samples, s.eval_batch_size)
+    seconds = interleave(check, s.eval_rounds)
+    to_bound = median_range(per_round_ratios(seconds["ours"], seconds["bound"]))
+    speedup = median_range(per_round_ratios(seconds["naive"], seconds["ours"]))
+    return {
+        "parameters": posterior.theta.numel(),
+        "batchnorm": posterior.has_batchnorm,
+        "snapshots": posterior.collector["n_collected"],
+        "seconds": round(statistics.median(seconds["ours"]), 4),
+        "lower_bound_seconds": round(statistics.median(seconds["bound"]), 4),
+        "ratio_to_bound": round(to_bound[0], 4),
+        "ratio_to_bound_range": [round(to_bound[1], 4), round(to_bound[2], 4)],
+        "naive_seconds": round(statistics.median(seconds["naive"]), 4),
+        "speedup_vs_naive": round(speedup[0], 3),
+        "speedup_vs_naive_range": [round(speedup[1], 3), round(speedup[2], 3)],
+        "target_met": to_bound[0] <= TARGET_RATIO,
+        "max_prob_diff_vs_naive_2_samples": prob_diff,
+    }
+
+
+def bench_evaluate(train_data: Tensors, test: Tensors, s: Settings) -> dict[str, Any]:
+    models.MODELS[BN_MODEL] = lenet5_bn
+    out: dict[str, Any] = {
+        "n_samples": s.n_samples,
+        "test_images": len(test),
+        "bn_images": len(train_data.x[: s.bn_images]),
+        "batch_size": s.eval_batch_size,
+        "rounds": s.eval_rounds,
+        "bn_model_note": f"{BN_MODEL} is defined in benchmarks/run.py and registered at run time",
+    }
+    for name in ("lenet5", BN_MODEL):
+        out[name] = bench_evaluate_one(name, train_data, test, s)
+    out["target_ratio"] = TARGET_RATIO
+    return out
+
+
+# report -------------------------------------------------------------------------
+
+
+def fmt_range(lo: float, hi: float, pattern: str) -> str:
+    return f"[{pattern.format(lo)} .. {pattern.format(hi)}]"
+
+
+def print_table(results: dict[str, Any], wall: float) -> None:
+    m, f, e = results["machine"], results["finetune"], results["evaluate"]
+    print(
+        f"\nbayesavg benchmark ({results['mode']}): torch {m['torch']}, device {m['device']}, "
+        f"{m['threads']} threads, load {m['load_average_start'][0]} -> "
+        f"{m['load_average_end'][0]}, {wall:.0f} s"
+    )
+    if max(m["load_average_start"][0], m["load_average_end"][0]) >= (m["cpu_count"] or 1):
+        print(
+            "  note: load average >= CPU count: other processes compete for the cores; "
+            "absolute numbers (and the cost of small ops) are inflated, compare ratios only"
+        )
+    print(
+        f"\n(a) fine-tuning {f['model']}: {f['epochs']} epochs x {f['train_images']} images, "
+        f"batch {f['batch_size']}, median [range] of {f['rounds']} rounds"
+    )
+    print(f"  {'variant':<28} {'images/s':>9} {'range':>20} {'overhead vs bare':>18} {'range':>20}")
+    for k, rate in f["images_per_s"].items():
+        lo, hi = f["images_per_s_range"][k]
+        row = f"  {k:<28} {rate:>9.0f} {fmt_range(lo, hi, '{:.0f}'):>20}"
+        if k in f["overhead_vs_bare"]:
+            olo, ohi = f["overhead_vs_bare_range"][k]
+            row += f" {f['overhead_vs_bare'][k]:>+17.1%} {fmt_range(olo, ohi, '{:+.1%}'):>20}"
+        print(row)
+    verdict = "met" if f["target_met"] else "NOT met"
+    print(
+        f"  target: {f['target_variant']} <= {f['target_overhead']:.0%} over bare: {verdict}; "
+        f"train == bare weights: {f['train_equals_bare_weights']}"
+    )
+    print(
+        f"\n(b) SWAG evaluation, {e['n_samples']} samples, {e['test_images']} test images "
+        f"(+ BN pass over {e['bn_images']} train images), batch {e['batch_size']}, "
+        f"median [range] of {e['rounds']} rounds"
+    )
+    print(
+        f"  {'model':<16} {'ours s':>8} {'bound s':>8} {'ours/bound':>11} {'range':>18} "
+        f"{'naive s':>8} {'naive/ours':>11} {'range':>16}"
+    )
+    for name in ("lenet5", BN_MODEL):
+        r = e[name]
+        print(
+            f"  {name:<16} {r['seconds']:>8.2f} {r['lower_bound_seconds']:>8.2f} "
+            f"{r['ratio_to_bound']:>11.3f} {fmt_range(*r['ratio_to_bound_range'], '{:.3f}'):>18} "
+            f"{r['naive_seconds']:>8.2f} {r['speedup_vs_naive']:>10.2f}x "
+            f"{fmt_range(*r['speedup_vs_naive_range'], '{:.2f}'):>16}"
+        )
+    met = ", ".join(
+        f"{n}: {'met' if e[n]['target_met'] else 'NOT met'}" for n in ("lenet5", BN_MODEL)
+    )
+    print(f"  target: ours/bound <= {e['target_ratio']:.2f}: {met}")
+    print(f"  {e['bn_model_note']}")
+
+
+def main() -> None:
+    args = parse_args()
+    settings = QUICK if args.quick else FULL
+    device = resolve_device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    seed_everything(SEED)
+    started = time.perf_counter()
+    machine = machine_info(device, args.threads is not None)
+    train_data, test = load_data(device)
+    results: dict[str, Any] = {
+        "machine": machine,
+        "mode": "quick" if args.quick else "full",
+        "finetune": bench_finetune(train_data, settings),
+        "evaluate": bench_evaluate(train_data, test, settings),
+    }
+    machine["load_average_end"] = [round(v, 2) for v in os.getloadavg()]
+    wall = time.perf_counter() - started
+    results["wall_seconds"] = round(wall, 1)
+    write_text(args.out, json.dumps(results, indent=2) + "\n")
+    print_table(results, wall)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

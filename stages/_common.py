@@ -28,14 +28,10 @@ RUNS = Path("runs")
 def project_root() -> Path:
     """The repo whose mlflow.db and mlartifacts/ receive this run.
 
-    ``dvc exp run --temp`` and ``--queue`` run stages in
-    ``<repo>/.dvc/tmp/exps/...``; their runs belong to ``<repo>``'s store,
-    not to a workspace that is deleted afterwards.
+    DVC sets ``DVC_ROOT`` to the parent repo also for ``dvc exp run --temp``
+    and ``--queue``, whose stages run in a temporary copy under .dvc/tmp.
     """
-    root = Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
-    marker = f"{os.sep}.dvc{os.sep}tmp{os.sep}exps{os.sep}"
-    text = str(root)
-    return Path(text.split(marker)[0]) if marker in text else root
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
 
 
 def main(fn: Callable[[], None]) -> None:

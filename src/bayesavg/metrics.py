@@ -68,10 +68,11 @@ def reliability(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int) -> Reliab
     correct = (pred == y).double()
     edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=probs.device)
     idx = (torch.bucketize(conf, edges, right=False) - 1).clamp(0, n_bins - 1)
-    count = torch.zeros(n_bins, dtype=torch.float64, device=probs.device)
-    count.index_add_(0, idx, torch.ones_like(conf))
-    conf_sum = torch.zeros_like(count).index_add_(0, idx, conf)
-    acc_sum = torch.zeros_like(count).index_add_(0, idx, correct)
+    # A one-hot product instead of index_add_/bincount: deterministic on CUDA too.
+    member = torch.nn.functional.one_hot(idx, n_bins).double()
+    count = member.sum(dim=0)
+    conf_sum = conf @ member
+    acc_sum = correct @ member
     denom = count.clamp(min=1)
     return Reliability(edges[:-1], edges[1:], conf_sum / denom, acc_sum / denom, count)
 

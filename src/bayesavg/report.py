@@ -173,17 +173,32 @@ def _png(fig: Figure) -> bytes:
 def _reliability_figure(predictors: list[PredictorResult]) -> bytes:
     fig = Figure(figsize=(10, 4), layout="constrained")
     gap_ax, rel_ax = fig.subplots(1, 2)
+    width = 1.0 / max(len(predictors), 1)
     for i, p in enumerate(predictors):
         rows = [r for r in p.reliability if r.get("count", 0) > 0]
         conf = [r["confidence"] for r in rows]
         acc = [r["accuracy"] for r in rows]
-        style = {"color": _COLOURS[i % len(_COLOURS)], "marker": "o", "ms": 3, "label": p.name}
+        colour = _COLOURS[i % len(_COLOURS)]
+        style = {"color": colour, "marker": "o", "ms": 3, "label": p.name}
         gap_ax.plot(conf, [a - c for a, c in zip(acc, conf, strict=True)], **style)
-        rel_ax.plot(conf, acc, **style)
+        # Classic reliability bars: one bar per non-empty bin, side by side per predictor.
+        bin_width = [r["upper"] - r["lower"] for r in rows]
+        left = [r["lower"] + i * width * w for r, w in zip(rows, bin_width, strict=True)]
+        rel_ax.bar(
+            left,
+            acc,
+            width=[width * w for w in bin_width],
+            align="edge",
+            color=colour,
+            alpha=0.8,
+            label=p.name,
+        )
     gap_ax.axhline(0.0, color="k", linestyle="--", linewidth=1)
     gap_ax.set(xlabel="confidence", ylabel="accuracy - confidence", title="Calibration gap")
     rel_ax.plot([0, 1], [0, 1], color="k", linestyle="--", linewidth=1, label="perfect")
-    rel_ax.set(xlabel="confidence", ylabel="accuracy", title="Reliability", xlim=(0, 1))
+    rel_ax.set(
+        xlabel="confidence (bin)", ylabel="accuracy", title="Reliability", xlim=(0, 1), ylim=(0, 1)
+    )
     for ax in (gap_ax, rel_ax):
         ax.legend(fontsize="small")
     return _png(fig)

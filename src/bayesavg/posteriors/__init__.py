@@ -2,5 +2,6 @@
 
 from .moments import MomentCollector, as_vector
 from .swag import SWAG
+from .vi import MeanFieldVI, gaussian_kl, svi_step
 
-__all__ = ["SWAG", "MomentCollector", "as_vector"]
+__all__ = ["SWAG", "MeanFieldVI", "MomentCollector", "as_vector", "gaussian_kl", "svi_step"]

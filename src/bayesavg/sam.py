@@ -1,0 +1,94 @@
+"""Sharpness-aware gradients (ALGORITHMS §5) as a step for the training loop.
+
+One SAM step: gradient at theta, move to theta + e with e = r g / ||g||
+(global norm), take the gradient there, come back. The second pass must
+see the same model: BatchNorm running statistics are restored after it and
+the RNG state is replayed, so dropout draws the same mask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from .batchnorm import bn_modules
+
+LossFn = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+
+@contextlib.contextmanager
+def frozen_bn_stats(model: nn.Module) -> Iterator[None]:
+    """Run a forward pass without changing any BatchNorm running statistic."""
+    saved = [
+        (m, m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
+        for m in bn_modules(model)
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, mean, var, tracked in saved:
+                m.running_mean.copy_(mean)
+                m.running_var.copy_(var)
+                m.num_batches_tracked.copy_(tracked)
+
+
+@contextlib.contextmanager
+def replayed_rng(device: torch.device) -> Iterator[Callable[[], None]]:
+    """Yield a function that rewinds torch's RNG (CPU and ``device``) to entry state."""
+    cpu_state = torch.get_rng_state()
+    cuda = device.type == "cuda"
+    cuda_state = torch.cuda.get_rng_state(device) if cuda else None
+
+    def rewind() -> None:
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
+
+    yield rewind
+
+
+def sam_gradient(
+    params: list[torch.Tensor], loss_fn: LossFn, rho: float, model: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fill ``.grad`` of ``params`` with the SAM gradient; return (loss, logits) at theta.
+
+    ``loss_fn`` computes (loss, logits) with the current parameter values;
+    it is called twice, the second time with the same RNG stream and with
+    BatchNorm statistics left untouched.
+    """
+    device = params[0].device
+    with replayed_rng(device) as rewind:
+        loss, logits = loss_fn()
+        grads = torch.autograd.grad(loss, params)
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        scale = rho / (norm + 1e-12)
+        eps = [g * scale for g in grads]
+        with torch.no_grad():
+            for p, e in zip(params, eps, strict=True):
+                p.add_(e)
+        rewind()
+        with frozen_bn_stats(model):
+            perturbed_loss, _ = loss_fn()
+            perturbed_loss.backward()
+        with torch.no_grad():
+            for p, e in zip(params, eps, strict=True):
+                p.sub_(e)
+    return loss.detach(), logits.detach()
+
+
+def sam_step(rho: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple]:
+    """A training-loop step (see ``train.Step``) using the SAM gradient of cross-entropy."""
+
+    def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
+        def loss_fn() -> tuple[torch.Tensor, torch.Tensor]:
+            logits = model(x)
+            return nn.functional.cross_entropy(logits, y), logits
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        return sam_gradient(params, loss_fn, rho, model)
+
+    return step

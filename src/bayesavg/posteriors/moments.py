@@ -87,7 +87,7 @@ class MomentCollector:
     def deviations(self) -> torch.Tensor:
         """(k, d) deviations, oldest first."""
         k = self.rank
-        if self.n_collected <= self.max_rank:
+        if self.n_collected <= self.max_rank or self.max_rank == 0:
             return self._ring[:k]
         head = self.n_collected % self.max_rank
         return torch.cat([self._ring[head:], self._ring[:head]])
@@ -120,7 +120,7 @@ class MomentCollector:
         self._ring.zero_()
         devs = state["deviations"].to(device=self.device, dtype=self.dtype)
         self._ring[: devs.shape[0]] = devs
-        if self.n_collected > self.max_rank:
+        if 0 < self.max_rank < self.n_collected:
             # Stored oldest first: put the oldest row where the next write goes.
             head = self.n_collected % self.max_rank
             self._ring = torch.roll(self._ring, shifts=head, dims=0)

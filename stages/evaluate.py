@@ -39,7 +39,7 @@ def run() -> None:
             if e.bn_update_fraction < 1:
                 gen = torch.Generator().manual_seed(derive_seed(p.seed, "bn_subset"))
                 keep = max(1, round(e.bn_update_fraction * len(train_x)))
-                train_x = train_x[torch.randperm(len(train_x), generator=gen)[:keep].sort().values]
+                train_x = train_x[torch.randperm(len(train_x), generator=gen)[:keep]]
             bn_x = model_input(posterior, train_x, device)
         results = evaluate(
             posterior,

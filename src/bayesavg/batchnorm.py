@@ -2,9 +2,9 @@
 
 ``torch.optim.swa_utils.update_bn`` averages per-batch statistics with equal
 weights (biased when the last batch is short) and averages per-batch
-variances, which drops the spread of the batch means. Here each BN layer's
-input is summed in float64 over the whole pass, so the running mean and
-(unbiased) variance equal those of the full data, batch sizes aside.
+variances, which drops the spread of the batch means. Here each batch's
+mean and second moment are combined in float64, weighted by batch size, so
+the running mean and (unbiased) variance equal those of the full data.
 """
 
 from __future__ import annotations
@@ -32,26 +32,34 @@ def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None
     """Set every BN layer's running stats to its input's full-data mean and variance.
 
     The forward pass runs in train mode (each layer normalises with batch
-    statistics, as during training); every module's mode is restored
-    afterwards. A BN layer the forward pass never reaches keeps its stats.
+    statistics, as during training). With momentum 1 each layer's running
+    stats are exactly the current batch's, which a hook folds into float64
+    sums of x and x^2 weighted by the batch's element count: no extra pass
+    over the activations. Every module's mode and momentum are restored; a
+    BN layer the forward pass never reaches keeps its stats.
     """
     layers = bn_modules(model)
     if not layers:
         return
     sums: dict[_BN, list[torch.Tensor | int]] = {}
 
-    def hook(module: _BN, inputs: tuple[torch.Tensor, ...]) -> None:
-        inp = inputs[0]
-        dims = [0, *range(2, inp.dim())]
+    def hook(module: _BN, inputs: tuple[torch.Tensor, ...], _: torch.Tensor) -> None:
+        n = inputs[0].numel() // inputs[0].shape[1]
+        mean = module.running_mean.double()
+        second = module.running_var.double() * ((n - 1) / n) + mean * mean
         acc = sums.setdefault(module, [0, 0.0, 0.0])
-        acc[0] += inp.numel() // inp.shape[1]
-        acc[1] = acc[1] + inp.sum(dim=dims, dtype=torch.float64)
-        acc[2] = acc[2] + inp.square().sum(dim=dims, dtype=torch.float64)
+        acc[0] += n
+        acc[1] = acc[1] + n * mean
+        acc[2] = acc[2] + n * second
 
-    handles = [m.register_forward_pre_hook(hook) for m in layers]
+    handles = [m.register_forward_hook(hook) for m in layers]
     modes = {m: m.training for m in model.modules()}
+    momenta = {m: m.momentum for m in layers}
+    tracked = {m: m.num_batches_tracked.clone() for m in layers}
     try:
         model.train()
+        for m in layers:
+            m.momentum = 1.0
         for start, stop in _batches(x.shape[0], batch_size):
             model(x[start:stop])
     finally:
@@ -59,6 +67,9 @@ def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None
             h.remove()
         for m, training in modes.items():
             m.training = training
+        for m in layers:
+            m.momentum = momenta[m]
+            m.num_batches_tracked.copy_(tracked[m])
     for module, (count, s1, s2) in sums.items():
         mean = s1 / count
         var = (s2 / count - mean * mean).clamp(min=0) * (count / max(count - 1, 1))

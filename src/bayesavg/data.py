@@ -235,7 +235,18 @@ def split_source(
     else:
         test = source.test
     keep, take = stratified_split(pool.y, val_fraction, derive_seed(seed, "split", "val"))
-    return pool.subset(keep), pool.subset(take), test
+    splits = {"train": pool.subset(keep), "val": pool.subset(take), "test": test}
+    # Stored in a seeded random order: sources such as mnist5k are sorted by
+    # class, and class-sorted batches would skew every sequential pass over
+    # a split (the BatchNorm update normalises each batch by its own stats).
+    return tuple(  # type: ignore[return-value]
+        split.subset(torch.randperm(len(split), generator=_gen(seed, "order", name)))
+        for name, split in splits.items()
+    )
+
+
+def _gen(seed: int, *names: str) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(seed, *names))
 
 
 def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:

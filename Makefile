@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install run test test-slow lint bench ui clean
+.PHONY: install run test lint bench ui clean
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,6 @@ lint: install
 
 test: lint
 	pytest
-
-test-slow: install
-	pytest -m slow
 
 bench: install
 	python benchmarks/run.py

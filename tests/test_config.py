@@ -108,8 +108,13 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
 
 def test_snapshot_count(default_raw: dict[str, Any]) -> None:
     raw = _with(default_raw, "finetune.swag.epochs", 4)
+    raw = _with(raw, "finetune.swag.schedule", {"kind": "constant", "lr": 0.01})
     raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 0, "max_rank": 5})
     traj = parse_params(raw).finetune["swag"]
     assert traj.snapshots(iters_per_epoch=10) == 3
     raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 4, "max_rank": 5})
     assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 7
+    cyclic = {"kind": "cyclic", "lr": 0.05, "lr_end": 0.005, "cycle_length": 6}
+    raw = _with(raw, "finetune.swag.schedule", cyclic)
+    raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 0, "max_rank": 5})
+    assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 5

@@ -187,7 +187,6 @@ def test_bad_params_stop_before_any_output(repo: Path) -> None:
     assert "Running stage" not in sh(repo, str(BIN / "dvc"), "repro").stdout
 
 
-@pytest.mark.slow
 def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store."""
     before = {r.info.run_id for r in _runs(repo)}

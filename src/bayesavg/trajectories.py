@@ -7,11 +7,12 @@ reordering trajectories never changes another one's result.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from .config import Params, Trajectory
+from .config import Params, PretrainParams, Trajectory
 from .data import Prepared, Split, to_input
 from .models import build_model
 from .posterior_file import PosteriorFile
@@ -45,6 +46,37 @@ def _fields(params: Params, prepared: Prepared, trajectory: str) -> dict[str, ob
     }
 
 
+def _sgd_run(
+    model: torch.nn.Module,
+    opts: PretrainParams | Trajectory,
+    prepared: Prepared,
+    device: torch.device,
+    run_seed: int,
+    desc: str,
+    after_step: Callable[[int], None] | None = None,
+) -> list[dict[str, float]]:
+    """SGD with ``opts``' schedule over the train split, validating each epoch."""
+    train_t = tensors(prepared.train, prepared, device)
+    total = opts.epochs * iterations_per_epoch(len(train_t), opts.batch_size)
+    s = opts.schedule
+    return train(
+        model,
+        sgd(model, opts.momentum, opts.weight_decay),
+        train_t,
+        epochs=opts.epochs,
+        batch_size=opts.batch_size,
+        lr=lr_at(s.kind, s.lr, s.lr_end, s.cycle_length, total),
+        generator=generator(run_seed),
+        val_data=tensors(prepared.val, prepared, device),
+        after_step=after_step,
+        desc=desc,
+    )
+
+
+def iterations_per_epoch(n: int, batch_size: int) -> int:
+    return math.ceil(n / batch_size)
+
+
 def pretrain(params: Params, prepared: Prepared, device: torch.device) -> RunResult:
     """Deterministic SGD from a seeded initialisation."""
     run_seed = derive_seed(params.seed, "pretrain")
@@ -52,27 +84,9 @@ def pretrain(params: Params, prepared: Prepared, device: torch.device) -> RunRes
     model = build_model(
         params.model.name, prepared.input_shape, prepared.num_classes, params.model.kwargs()
     ).to(device)
-    p = params.pretrain
-    train_t, val_t = (
-        tensors(prepared.train, prepared, device),
-        tensors(prepared.val, prepared, device),
-    )
-    total = p.epochs * math.ceil(len(train_t) / p.batch_size)
-    s = p.schedule
-    history = train(
-        model,
-        sgd(model, p.momentum, p.weight_decay),
-        train_t,
-        epochs=p.epochs,
-        batch_size=p.batch_size,
-        lr=lr_at(s.kind, s.lr, s.lr_end, s.cycle_length, total),
-        generator=generator(run_seed),
-        val_data=val_t,
-        desc="pretrain",
-    )
-    return RunResult(
-        PosteriorFile.from_model(model, **_fields(params, prepared, "pretrain")), history
-    )
+    history = _sgd_run(model, params.pretrain, prepared, device, run_seed, "pretrain")
+    posterior = PosteriorFile.from_model(model, **_fields(params, prepared, "pretrain"))
+    return RunResult(posterior, history)
 
 
 def finetune(
@@ -87,40 +101,20 @@ def finetune(
     run_seed = derive_seed(params.seed, "finetune", name)
     seed_everything(run_seed)
     model = start.build_model(device).train()
-    train_t, val_t = (
-        tensors(prepared.train, prepared, device),
-        tensors(prepared.val, prepared, device),
-    )
-    iters_per_epoch = math.ceil(len(train_t) / traj.batch_size)
-    s = traj.schedule
     collector: SWAG | None = None
     after_step = None
     if traj.collect is not None:
-        num_params = start.theta.numel()
-        collector = SWAG(num_params, traj.collect.max_rank, device=device)
-        first = traj.collect.start_epoch * iters_per_epoch
-        every = traj.collect_every(iters_per_epoch)
+        collector = SWAG(start.theta.numel(), traj.collect.max_rank, device=device)
+        per_epoch = iterations_per_epoch(len(prepared.train), traj.batch_size)
+        first = traj.collect.start_epoch * per_epoch
+        every = traj.collect_every(per_epoch)
 
         def after_step(i: int) -> None:
             if i >= first and (i - first + 1) % every == 0:
                 collector.collect(model)
 
-    history = train(
-        model,
-        sgd(model, traj.momentum, traj.weight_decay),
-        train_t,
-        epochs=traj.epochs,
-        batch_size=traj.batch_size,
-        lr=lr_at(s.kind, s.lr, s.lr_end, s.cycle_length, traj.epochs * iters_per_epoch),
-        generator=generator(run_seed),
-        val_data=val_t,
-        after_step=after_step,
-        desc=f"finetune {name}",
-    )
+    history = _sgd_run(model, traj, prepared, device, run_seed, f"finetune {name}", after_step)
     posterior = PosteriorFile.from_model(model, **_fields(params, prepared, name))
     if collector is not None:
         posterior.collector = collector.state_dict()
     return RunResult(posterior, history)
-
-
-__all__ = ["RunResult", "finetune", "pretrain", "tensors"]

@@ -21,14 +21,17 @@ def run() -> None:
     stage = f"finetune@{name}"
     out = Path("models") / name / "posterior.pt"
     logged = {"trajectory": name, "finetune": p.finetune[name].model_dump()}
-    with tracked(stage, p, logged, upstream=["data", "pretrain"]) as mlrun:
-        start = load_posterior("models/pretrain/model.pt")
+    origin = p.finetune[name].start
+    upstream = ["data", "pretrain" if origin == "pretrain" else f"finetune@{origin}"]
+    with tracked(stage, p, logged, upstream=upstream) as mlrun:
+        start = load_posterior(Path("models") / origin / "posterior.pt")
         result = finetune(p, name, load_prepared(PREPARED), start, resolve_device(p.device))
         save_posterior(out, result.posterior)
         write_csv(Path("plots/finetune") / f"{name}.csv", result.history)
         mlrun.log_history(result.history)
-        collector = result.posterior.collector
-        mlrun.log_metrics({"snapshots": collector["n_collected"] if collector else 0})
+        post = result.posterior
+        state = post.collector or (post.hwa["mu"] if post.hwa else None)
+        mlrun.log_metrics({"snapshots": state["n_collected"] if state else 0})
         mlrun.log_artifact(out, "posterior")
 
 

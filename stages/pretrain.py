@@ -10,7 +10,7 @@ from bayesavg.posterior_file import save_posterior
 from bayesavg.seeding import resolve_device
 from bayesavg.trajectories import pretrain
 
-OUT = Path("models/pretrain/model.pt")
+OUT = Path("models/pretrain/posterior.pt")
 
 
 def run() -> None:

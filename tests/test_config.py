@@ -65,7 +65,10 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("evaluate.bn_update_fraction", 0.0, "evaluate.bn_update_fraction"),
         ("evaluate.predictors.swag.trajectory", "nope", "'nope' is not a finetune trajectory"),
         ("evaluate.predictors.swag.method", "laplace", "evaluate.predictors.swag.method"),
-        ("finetune.swag.collect", None, "swag has no 'collect' section"),
+        ("finetune.swag.collect", None, "finetune.swag is kind sgd with no 'collect' section"),
+        ("finetune.swag.start", "nowhere", "finetune.swag.start: 'nowhere' is not pretrain"),
+        ("finetune.swag.kind", "vi", "finetune.swag.vi: a vi trajectory needs a 'vi' section"),
+        ("finetune.sgd.reset_to_average", True, "reset_to_average: only hwa trajectories"),
     ],
 )
 def test_bad_value_names_key(

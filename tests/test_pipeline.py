@@ -118,10 +118,10 @@ def test_outputs(repo: Path) -> None:
         assert sum(int(line.split(",")[-1]) for line in rel[1:]) == 1000
         samples = (repo / "plots/samples" / f"{pred}.csv").read_text().splitlines()
         assert len(samples) == 1 + metrics["n_samples"]
-    sha = (repo / "models/pretrain/model.sha256").read_text().split()[0]
+    sha = (repo / "models/pretrain/posterior.sha256").read_text().split()[0]
     from bayesavg.io import sha256_file
 
-    assert sha == sha256_file(repo / "models/pretrain/model.pt")
+    assert sha == sha256_file(repo / "models/pretrain/posterior.pt")
     html = (repo / "reports/report.html").read_text()
     md = (repo / "reports/report.md").read_text()
     for pred in ("map", "swa", "swag_diag", "swag"):

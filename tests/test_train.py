@@ -91,3 +91,59 @@ def test_schedules() -> None:
     assert cosine(5) == pytest.approx((0.1 + 0.001) / 2)
     assert cosine(10) == pytest.approx(0.001)
     assert lr_at("constant", 0.02, 0.0, 1, 5)(3) == 0.02
+
+
+def _svi_params() -> Any:
+    """Tiny params with vi and hwa trajectories (hwa continues vi) and an F-SWAG one."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["model"] = {"name": "mlp", "hidden": [16]}
+    raw["pretrain"].update(epochs=1, batch_size=128)
+    vi = {"sigma_init": 0.01, "prior_sigma": 1.0, "mc_samples": 1, "kl_weight": 1.0}
+    svi = {"epochs": 2, "batch_size": 128, "momentum": 0.9, "weight_decay": 0.0, "vi": vi}
+    raw["finetune"] = {
+        "vi": {**svi, "kind": "vi", "start": "pretrain", "schedule": {"kind": "constant"}},
+        "hwa": {
+            **svi,
+            "kind": "hwa",
+            "start": "vi",
+            "schedule": {"kind": "cyclic", "lr": 0.01, "lr_end": 0.001, "cycle_length": 5},
+            "collect": {"start_epoch": 0, "every": 0, "max_rank": 4},
+        },
+        "fswag": {
+            "kind": "sgd",
+            "start": "pretrain",
+            "epochs": 1,
+            "batch_size": 128,
+            "sam_rho": 0.05,
+            "collect": {"start_epoch": 0, "every": 5, "max_rank": 3},
+        },
+    }
+    raw["evaluate"]["predictors"] = {
+        "vi": {"trajectory": "vi", "method": "vi"},
+        "hwa": {"trajectory": "hwa", "method": "hwa"},
+        "fswag": {"trajectory": "fswag", "method": "swag"},
+    }
+    return parse_params(raw)
+
+
+def test_vi_and_hwa_trajectories(mnist5k_prepared: Any) -> None:
+    from bayesavg.evaluate import evaluate, model_input
+    from bayesavg.posteriors import HWA
+
+    params = _svi_params()
+    prepared = mnist5k_prepared.prepared
+    start = pretrain(params, prepared, CPU).posterior
+    vi = finetune(params, "vi", prepared, start, CPU).posterior
+    assert vi.rho is not None and vi.hwa is None
+    assert not torch.equal(vi.theta, start.theta)
+    hwa = finetune(params, "hwa", prepared, vi, CPU).posterior
+    iters = 2 * math.ceil(len(prepared.train) / 128)
+    state = HWA.from_state_dict(hwa.hwa)
+    assert state.n_collected == iters // 5
+    assert torch.all(state.var.mean > 0)
+    x_val = model_input(hwa, prepared.val.x, CPU)
+    for post, method in ((vi, "vi"), (hwa, "hwa"), (hwa, "hwa_mf"), (hwa, "hwa_rho")):
+        result = evaluate(post, method, {"val": (x_val, prepared.val.y)}, n_samples=3)
+        assert result["val"].metrics["accuracy"] > 0.5, method
+    fswag = finetune(params, "fswag", prepared, start, CPU).posterior
+    assert fswag.collector is not None and fswag.collector["n_collected"] >= 2

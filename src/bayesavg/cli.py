@@ -44,7 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--posterior", required=True, type=Path, help="models/<trajectory>/posterior.pt"
     )
-    ev.add_argument("--predictor", required=True, help="map, swa, swag_diag or swag")
+    ev.add_argument(
+        "--predictor", required=True, help="map, swa, swag_diag, swag, vi, hwa, hwa_mf or hwa_rho"
+    )
     ev.add_argument(
         "--data",
         required=True,

@@ -19,7 +19,16 @@ from .errors import UserError
 
 DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
 MODEL_NAMES = ("mlp", "lenet5", "vgg16_bn", "preresnet20")
-PREDICTOR_METHODS = ("map", "swa", "swag_diag", "swag")
+PREDICTOR_METHODS = ("map", "swa", "swag_diag", "swag", "vi", "hwa", "hwa_mf", "hwa_rho")
+_NEEDS = {  # what a predictor method needs of its trajectory
+    "swa": "collect",
+    "swag_diag": "collect",
+    "swag": "collect",
+    "vi": "vi",
+    "hwa": "hwa",
+    "hwa_mf": "hwa",
+    "hwa_rho": "hwa",
+}
 _NAME = r"^[a-z][a-z0-9_]*$"
 
 PosInt = Annotated[int, Field(ge=1)]
@@ -104,9 +113,30 @@ class PretrainParams(Optim):
     schedule: Schedule = Schedule(kind="cosine", lr=0.05, lr_end=0.0005)
 
 
+class VIParams(_Section):
+    """Mean-field VI (ALGORITHMS §3): q = N(mu, softplus(rho)^2), prior N(0, prior_sigma^2)."""
+
+    sigma_init: PosFloat = 0.001
+    prior_sigma: PosFloat = 1.0
+    mc_samples: PosInt = 1
+    kl_weight: NonNegFloat = 1.0
+
+
 class Trajectory(Optim):
+    """One fine-tuning run from ``start`` (``pretrain`` or another trajectory).
+
+    kind sgd: SGD (SWAG snapshots with ``collect``); vi: SVI on (mu, rho) from
+    the start's weights; hwa: SVI continued from a vi trajectory, collecting
+    (mu, sigma) snapshots. ``sam_rho`` > 0 turns on the SAM gradient (F-variants).
+    """
+
+    kind: Literal["sgd", "vi", "hwa"] = "sgd"
+    start: Annotated[str, Field(pattern=_NAME)]
     schedule: Schedule = Schedule()
     collect: Collect | None = None
+    sam_rho: NonNegFloat = 0.0
+    vi: VIParams | None = None
+    reset_to_average: bool = False
 
     def snapshots(self, iters_per_epoch: int) -> int:
         """How many snapshots this trajectory will collect (0 without ``collect``)."""
@@ -131,19 +161,40 @@ class Trajectory(Optim):
             raise ValueError(
                 f"collect.start_epoch: must be < epochs ({self.epochs}) so snapshots are taken"
             )
+        if self.kind in ("vi", "hwa") and self.vi is None:
+            raise ValueError(f"vi: a {self.kind} trajectory needs a 'vi' section")
+        if self.kind in ("vi", "hwa") and self.weight_decay:
+            raise ValueError(
+                "weight_decay: must be 0 for vi/hwa; the prior (vi.prior_sigma) regularises"
+            )
+        if self.kind == "hwa" and self.collect is None:
+            raise ValueError("collect: an hwa trajectory needs a 'collect' section")
+        if self.reset_to_average and self.kind != "hwa":
+            raise ValueError("reset_to_average: only hwa trajectories average and restart")
         return self
+
+    def provides(self) -> set[str]:
+        """What predictors can use from this trajectory's posterior file."""
+        out = {"map"}
+        if self.collect is not None and self.kind == "sgd":
+            out.add("collect")
+        if self.kind in ("vi", "hwa"):
+            out.add("vi")
+        if self.kind == "hwa":
+            out.add("hwa")
+        return out
 
 
 class Predictor(_Section):
     trajectory: Annotated[str, Field(pattern=_NAME)]
-    method: Literal["map", "swa", "swag_diag", "swag"]
+    method: Literal["map", "swa", "swag_diag", "swag", "vi", "hwa", "hwa_mf", "hwa_rho"]
     scale: NonNegFloat | None = None
 
     def effective_scale(self) -> float:
-        """The paper's scale unless set: 0.5 for SWAG, 1.0 for SWAG-Diag."""
+        """The paper's scale unless set: 0.5 for SWAG and HWA, 1.0 for SWAG-Diag."""
         if self.scale is not None:
             return self.scale
-        return {"swag": 0.5, "swag_diag": 1.0}.get(self.method, 0.0)
+        return {"swag": 0.5, "swag_diag": 1.0, "hwa": 0.5}.get(self.method, 0.0)
 
 
 class EvaluateParams(_Section):
@@ -178,9 +229,26 @@ class Params(_Section):
     def _check(self) -> Params:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
-        for name in self.finetune:
+        for name, traj in self.finetune.items():
             if not re.fullmatch(_NAME, name):
                 raise ValueError(f"finetune.{name}: trajectory names are lower-case identifiers")
+            if name == "pretrain":
+                raise ValueError(
+                    "finetune.pretrain: the name 'pretrain' is the pretraining stage's"
+                )
+            if traj.start != "pretrain":
+                origin = self.finetune.get(traj.start)
+                if origin is None or traj.start == name:
+                    raise ValueError(
+                        f"finetune.{name}.start: {traj.start!r} is not pretrain or another "
+                        "trajectory"
+                    )
+                if origin.start != "pretrain":
+                    raise ValueError(
+                        f"finetune.{name}.start: {traj.start} must itself start from pretrain"
+                    )
+                if traj.kind == "hwa" and origin.kind != "vi":
+                    raise ValueError(f"finetune.{name}.start: hwa continues a vi trajectory")
         for name, pred in self.evaluate.predictors.items():
             key = f"evaluate.predictors.{name}"
             if not re.fullmatch(_NAME, name):
@@ -191,10 +259,15 @@ class Params(_Section):
                     f"{key}.trajectory: {pred.trajectory!r} is not a finetune trajectory "
                     f"({', '.join(self.finetune)})"
                 )
-            if pred.method != "map" and traj.collect is None:
+            need = _NEEDS.get(pred.method)
+            if need is not None and need not in traj.provides():
+                what = {"collect": "SWAG snapshots (an sgd trajectory with 'collect')"}.get(
+                    need, f"a {need} trajectory"
+                )
                 raise ValueError(
-                    f"{key}.method: {pred.method} needs snapshots, but finetune."
-                    f"{pred.trajectory} has no 'collect' section"
+                    f"{key}.method: {pred.method} needs {what}, but finetune."
+                    f"{pred.trajectory} is kind {traj.kind}"
+                    + ("" if traj.collect is not None else " with no 'collect' section")
                 )
             per_epoch = traj.collect is not None and not traj.collect.every
             few = traj.collect is not None and traj.epochs - traj.collect.start_epoch < 2

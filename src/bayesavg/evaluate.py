@@ -25,12 +25,12 @@ from .errors import UserError
 from .metrics import Reliability, classification_metrics, reliability
 from .models import has_batchnorm
 from .posterior_file import PosteriorFile
-from .posteriors import SWAG
+from .posteriors import HWA, SWAG
 
 log = logging.getLogger(__name__)
 
-METHODS = ("map", "swa", "swag_diag", "swag")
-DEFAULT_SCALE = {"map": 0.0, "swa": 0.0, "swag_diag": 1.0, "swag": 0.5}
+METHODS = ("map", "swa", "swag_diag", "swag", "vi", "hwa", "hwa_mf", "hwa_rho")
+DEFAULT_SCALE = {"swag_diag": 1.0, "swag": 0.5, "hwa": 0.5}
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,21 @@ def sampler(
     if method == "map":
         theta = posterior.theta.to(device)
         return (lambda: theta), 1
+    if method == "vi":
+        if posterior.rho is None:
+            raise UserError(f"predictor vi needs a vi/hwa trajectory, not {posterior.trajectory!r}")
+        mu = posterior.theta.to(device)
+        sigma = torch.nn.functional.softplus(posterior.rho.to(device))
+        return (
+            lambda: mu + sigma * torch.randn(mu.shape, generator=generator, device=device)
+        ), None
+    if method.startswith("hwa"):
+        if posterior.hwa is None:
+            raise UserError(
+                f"predictor {method} needs an hwa trajectory, not {posterior.trajectory!r}"
+            )
+        hwa = HWA.from_state_dict(posterior.hwa, device=device)
+        return (lambda: hwa.sample(method, scale=scale, generator=generator)), None
     if posterior.collector is None:
         raise UserError(
             f"predictor {method} needs a SWAG posterior, but trajectory "
@@ -103,7 +118,11 @@ def evaluate(
     model = posterior.build_model(device)
     generator = torch.Generator(device=device).manual_seed(seed)
     draw, fixed = sampler(
-        posterior, method, DEFAULT_SCALE[method] if scale is None else scale, generator, device
+        posterior,
+        method,
+        DEFAULT_SCALE.get(method, 0.0) if scale is None else scale,
+        generator,
+        device,
     )
     total = fixed or n_samples
     needs_bn = method != "map" and has_batchnorm(model)

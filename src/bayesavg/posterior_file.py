@@ -36,6 +36,8 @@ class PosteriorFile:
     theta: torch.Tensor
     buffers: dict[str, torch.Tensor]
     collector: dict[str, Any] | None = None
+    rho: torch.Tensor | None = None
+    hwa: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -51,6 +53,10 @@ class PosteriorFile:
             raise ValueError("buffers do not match the model's")
         if self.collector is not None and self.collector.get("num_params") != expected:
             raise ValueError(f"collector must cover {expected} parameters")
+        if self.rho is not None and self.rho.shape != (expected,):
+            raise ValueError(f"rho must have {expected} values")
+        if self.hwa is not None and self.hwa["mu"].get("num_params") != expected:
+            raise ValueError(f"hwa collector must cover {expected} parameters")
 
     @property
     def has_batchnorm(self) -> bool:
@@ -73,6 +79,8 @@ class PosteriorFile:
             "theta": self.theta.detach().cpu(),
             "buffers": {k: v.detach().cpu() for k, v in self.buffers.items()},
             "collector": self.collector,
+            "rho": None if self.rho is None else self.rho.detach().cpu(),
+            "hwa": self.hwa,
             "extra": self.extra,
         }
 
@@ -90,6 +98,8 @@ class PosteriorFile:
             theta=d["theta"],
             buffers=d["buffers"],
             collector=d["collector"],
+            rho=d.get("rho"),
+            hwa=d.get("hwa"),
             extra=d.get("extra", {}),
         )
 

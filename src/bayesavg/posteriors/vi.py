@@ -22,6 +22,11 @@ def inverse_softplus(sigma: float) -> float:
     return sigma + math.log(-math.expm1(-sigma))
 
 
+def softplus_inverse(sigma: torch.Tensor) -> torch.Tensor:
+    """Elementwise rho with softplus(rho) = sigma (sigma > 0)."""
+    return sigma + torch.log(-torch.expm1(-sigma))
+
+
 def gaussian_kl(mu: torch.Tensor, sigma: torch.Tensor, prior_sigma: float) -> torch.Tensor:
     """KL(N(mu, sigma^2) || N(0, prior_sigma^2)), summed over all coordinates."""
     ratio = (sigma / prior_sigma) ** 2

@@ -22,16 +22,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 STAGES = {
     "data",
     "pretrain",
-    "finetune@sgd",
-    "finetune@swag",
-    "evaluate@map",
-    "evaluate@swa",
-    "evaluate@swag_diag",
-    "evaluate@swag",
     "report",
+    *(f"finetune@{t}" for t in PARAMS["finetune"]),
+    *(f"evaluate@{p}" for p in PARAMS["evaluate"]["predictors"]),
 }
 
 
@@ -44,7 +41,9 @@ def tiny_params() -> dict[str, Any]:
     for traj in raw["finetune"].values():
         traj["epochs"] = 2
         traj["batch_size"] = 256
-    raw["finetune"]["swag"]["collect"] = {"start_epoch": 0, "every": 4, "max_rank": 5}
+        traj["schedule"]["cycle_length"] = 4
+        if "collect" in traj:
+            traj["collect"] = {"start_epoch": 0, "every": 4, "max_rank": 5}
     raw["evaluate"]["n_samples"] = 3
     return raw
 
@@ -105,12 +104,12 @@ def test_outputs(repo: Path) -> None:
     assert n_train + n_val + manifest["splits"]["test"]["n"] == 5000
     swag = torch.load(repo / "models/swag/posterior.pt", weights_only=True)["collector"]
     assert swag["n_collected"] == 2 * math.ceil(n_train / 256) // 4
-    for pred in ("map", "swa", "swag_diag", "swag"):
+    for pred in PARAMS["evaluate"]["predictors"]:
         metrics = json.loads((repo / "metrics" / f"{pred}.json").read_text())
         assert {"accuracy", "nll", "ece", "ece15", "brier", "n"} <= set(metrics)
         assert metrics["n"] == 1000
         assert 0.5 < metrics["accuracy"] <= 1
-        assert metrics["n_samples"] == (3 if pred in ("swag", "swag_diag") else 1)
+        assert metrics["n_samples"] == (1 if pred in ("map", "swa", "fswa") else 3)
         assert metrics["val"]["n"] == n_val
         rel = (repo / "plots/reliability" / f"{pred}.csv").read_text().splitlines()
         assert rel[0].startswith("bin,lower,upper,confidence,accuracy,gap,count")
@@ -124,7 +123,7 @@ def test_outputs(repo: Path) -> None:
     assert sha == sha256_file(repo / "models/pretrain/posterior.pt")
     html = (repo / "reports/report.html").read_text()
     md = (repo / "reports/report.md").read_text()
-    for pred in ("map", "swa", "swag_diag", "swag"):
+    for pred in PARAMS["evaluate"]["predictors"]:
         assert pred in html and pred in md
 
 
@@ -190,9 +189,9 @@ def test_bad_params_stop_before_any_output(repo: Path) -> None:
 def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store."""
     before = {r.info.run_id for r in _runs(repo)}
-    sh(repo, str(BIN / "dvc"), "exp", "run", "--temp", "-n", "fewer", "-S", "evaluate.n_samples=2")
+    change = "evaluate.predictors.swag.scale=0.25"
+    sh(repo, str(BIN / "dvc"), "exp", "run", "--temp", "-n", "narrower", "-S", change)
     new = [r for r in _runs(repo) if r.info.run_id not in before]
-    names = {r.info.run_name for r in new}
-    assert {"evaluate@swag", "evaluate@swag_diag", "report"} <= names
-    assert all(r.data.tags["dvc_exp_name"] == "fewer" for r in new)
+    assert {r.info.run_name for r in new} == {"evaluate@swag", "report"}
+    assert all(r.data.tags["dvc_exp_name"] == "narrower" for r in new)
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))

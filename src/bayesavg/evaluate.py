@@ -68,6 +68,8 @@ def sampler(
                 f"predictor {method} needs an hwa trajectory, not {posterior.trajectory!r}"
             )
         hwa = HWA.from_state_dict(posterior.hwa, device=device)
+        if hwa.n_collected == 0:
+            raise UserError(f"{method}: trajectory {posterior.trajectory!r} collected no snapshots")
         return (lambda: hwa.sample(method, scale=scale, generator=generator)), None
     if posterior.collector is None:
         raise UserError(

@@ -16,6 +16,15 @@ def _csv(path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
+def _pairs(predictors: dict) -> list[tuple[str, str]]:
+    """Each flat-seeking predictor beside its baseline, and HWA variants beside vi."""
+    pairs = [
+        (name[1:], name) for name in predictors if name.startswith("f") and name[1:] in predictors
+    ]
+    pairs += [("vi", name) for name in predictors if name.startswith("hwa") and "vi" in predictors]
+    return pairs
+
+
 def run() -> None:
     p = params()
     predictors = [
@@ -46,6 +55,7 @@ def run() -> None:
         run_ids=run_ids,
         baseline="map" if "map" in p.evaluate.predictors else next(iter(p.evaluate.predictors)),
         notes=p.report.notes,
+        pairs=_pairs(p.evaluate.predictors),
         dataset_summary={
             "dataset": manifest["dataset"],
             **{s: manifest["splits"][s]["n"] for s in ("train", "val", "test")},

@@ -151,6 +151,14 @@ def test_comparison_lines_are_honest(inputs: ReportInputs) -> None:
     assert not any(line.startswith("map ") for line in lines)
 
 
+def test_comparison_lines_include_pairs(inputs: ReportInputs) -> None:
+    """swag beside swa (a pair), as well as both beside the map baseline."""
+    lines = comparison_lines(dataclasses.replace(inputs, pairs=[("swa", "swag"), ("map", "swa")]))
+    assert len(lines) == 3 * 4
+    assert "swag improves NLL over swa: 0.1234 vs 0.1400 (-0.0166)" in lines
+    assert "swag does not improve accuracy over swa: 97.00% vs 98.00% (-1.00 pp)" in lines
+
+
 def test_comparison_lines_without_baseline(inputs: ReportInputs) -> None:
     lines = comparison_lines(dataclasses.replace(inputs, baseline="nope"))
     assert len(lines) == 1 and "nope" in lines[0] and "not among" in lines[0]

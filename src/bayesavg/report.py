@@ -54,6 +54,7 @@ class ReportInputs:
     baseline: str = "map"
     notes: str = ""
     dataset_summary: dict[str, Any] = field(default_factory=dict)
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (reference, candidate)
 
 
 # (metric key, label, higher is better) for the findings.
@@ -99,29 +100,38 @@ def _metric(p: PredictorResult, key: str) -> float:
 def comparison_lines(inputs: ReportInputs) -> list[str]:
     """State, per predictor and metric, whether it beats the baseline, as found.
 
+    Every predictor is compared with ``baseline``; each (reference,
+    candidate) in ``pairs`` (e.g. swag vs fswag, vi vs hwa) is compared too.
     Ties count as "does not improve": a finding must be earned, not assumed.
     """
-    base = next((p for p in inputs.predictors if p.name == inputs.baseline), None)
+    by_name = {p.name: p for p in inputs.predictors}
+    base = by_name.get(inputs.baseline)
     if base is None:
         return [f"Baseline '{inputs.baseline}' is not among the predictors; no comparison made."]
     lines = []
     for p in inputs.predictors:
-        if p.name == base.name:
+        if p.name != base.name:
+            lines += _compare(p, base)
+    for reference, candidate in inputs.pairs:
+        if reference in by_name and candidate in by_name and reference != base.name:
+            lines += _compare(by_name[candidate], by_name[reference])
+    return lines
+
+
+def _compare(p: PredictorResult, base: PredictorResult) -> list[str]:
+    lines = []
+    for key, label, higher in _COMPARED:
+        ours, theirs = _metric(p, key), _metric(base, key)
+        if not (math.isfinite(ours) and math.isfinite(theirs)):
+            lines.append(f"{p.name} cannot be compared with {base.name} on {label}: missing")
             continue
-        for key, label, higher in _COMPARED:
-            ours, theirs = _metric(p, key), _metric(base, key)
-            if not (math.isfinite(ours) and math.isfinite(theirs)):
-                lines.append(f"{p.name} cannot be compared with {base.name} on {label}: missing")
-                continue
-            better = ours > theirs if higher else ours < theirs
-            verdict = "improves" if better else "does not improve"
-            if key == "accuracy":
-                values = (
-                    f"{100 * ours:.2f}% vs {100 * theirs:.2f}% ({100 * (ours - theirs):+.2f} pp)"
-                )
-            else:
-                values = f"{ours:.4f} vs {theirs:.4f} ({ours - theirs:+.4f})"
-            lines.append(f"{p.name} {verdict} {label} over {base.name}: {values}")
+        better = ours > theirs if higher else ours < theirs
+        verdict = "improves" if better else "does not improve"
+        if key == "accuracy":
+            values = f"{100 * ours:.2f}% vs {100 * theirs:.2f}% ({100 * (ours - theirs):+.2f} pp)"
+        else:
+            values = f"{ours:.4f} vs {theirs:.4f} ({ours - theirs:+.4f})"
+        lines.append(f"{p.name} {verdict} {label} over {base.name}: {values}")
     return lines
 
 

@@ -8,10 +8,11 @@ from _common import PREPARED, main, params, tracked
 
 from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
-from bayesavg.evaluate import evaluate, model_input
+from bayesavg.evaluate import center_model, evaluate, model_input
 from bayesavg.io import write_csv, write_json
 from bayesavg.posterior_file import load_posterior
 from bayesavg.seeding import derive_seed, resolve_device
+from bayesavg.sharpness import hessian_trace, sam_sharpness
 
 
 def run() -> None:
@@ -56,12 +57,34 @@ def run() -> None:
             seed=derive_seed(p.seed, "evaluate", name),
             device=device,
         )
+        sh = e.sharpness
+        gen = torch.Generator().manual_seed(derive_seed(p.seed, "sharpness"))
+        subset = torch.randperm(len(data.train), generator=gen)[: sh.n_points]
+        x_sub = model_input(posterior, data.train.x[subset], device)
+        y_sub = data.train.y[subset].to(device)
+        centre = center_model(posterior, pred.method, bn_x, device, e.batch_size)
+        sharp = {
+            "sharpness": sam_sharpness(centre, x_sub, y_sub, sh.rho, e.batch_size),
+            "hessian_trace": hessian_trace(
+                centre,
+                x_sub,
+                y_sub,
+                sh.probes,
+                gen.manual_seed(derive_seed(p.seed, "probes")),
+                e.batch_size,
+            ),
+        }
         result = results["test"]
-        metrics = {**result.metrics, "scale": pred.effective_scale(), "val": results["val"].metrics}
+        metrics = {
+            **result.metrics,
+            **sharp,
+            "scale": pred.effective_scale(),
+            "val": results["val"].metrics,
+        }
         write_json(Path("metrics") / f"{name}.json", metrics)
         write_csv(Path("plots/reliability") / f"{name}.csv", result.reliability.rows())
         write_csv(Path("plots/samples") / f"{name}.csv", result.by_samples)
-        mlrun.log_metrics({**result.metrics, **_prefixed("val_", results["val"].metrics)})
+        mlrun.log_metrics({**result.metrics, **sharp, **_prefixed("val_", results["val"].metrics)})
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
         mlrun.log_artifact(Path("plots/reliability") / f"{name}.csv", "plots")
 

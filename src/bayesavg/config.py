@@ -197,8 +197,17 @@ class Predictor(_Section):
         return {"swag": 0.5, "swag_diag": 1.0, "hwa": 0.5}.get(self.method, 0.0)
 
 
+class SharpnessParams(_Section):
+    """Sharpness at each predictor's centre, on a fixed subset of the training data."""
+
+    rho: PosFloat = 0.05
+    probes: PosInt = 3
+    n_points: PosInt = 1000
+
+
 class EvaluateParams(_Section):
     n_samples: PosInt = 30
+    sharpness: SharpnessParams = SharpnessParams()
     batch_size: PosInt = 1000
     bn_update_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     ece_bins: Annotated[int, Field(ge=2)] = 20

@@ -24,7 +24,7 @@ from .data import to_input
 from .errors import UserError
 from .metrics import Reliability, classification_metrics, reliability
 from .models import has_batchnorm
-from .posterior_file import PosteriorFile
+from .posterior_file import PosteriorFile, load_theta
 from .posteriors import HWA, SWAG
 
 log = logging.getLogger(__name__)
@@ -177,3 +177,27 @@ def model_input(
 ) -> torch.Tensor:
     """uint8 images normalised the way the posterior's network was trained."""
     return to_input(x, posterior.mean, posterior.std, device)
+
+
+def center(posterior: PosteriorFile, method: str) -> torch.Tensor:
+    """The posterior's centre for ``method``: theta, the SWA mean, mu or the HWA mean."""
+    if method in ("swa", "swag_diag", "swag") and posterior.collector is not None:
+        return SWAG.from_state_dict(posterior.collector).mean
+    if method.startswith("hwa") and posterior.hwa is not None:
+        return HWA.from_state_dict(posterior.hwa).mu.mean
+    return posterior.theta
+
+
+def center_model(
+    posterior: PosteriorFile,
+    method: str,
+    bn_x: torch.Tensor | None,
+    device: torch.device | str,
+    batch_size: int = 1000,
+) -> nn.Module:
+    """The network at ``center`` (BatchNorm recomputed there unless ``map``), in eval mode."""
+    model = posterior.build_model(device)
+    load_theta(model, center(posterior, method).to(device), {})
+    if method != "map" and bn_x is not None and has_batchnorm(model):
+        update_bn(model, bn_x, batch_size)
+    return model.eval()

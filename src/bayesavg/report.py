@@ -71,12 +71,18 @@ _COLUMNS: list[tuple[str, str, bool, Callable[[float], str]]] = [
     ("ece", "ECE (20 bins)", False, lambda v: f"{v:.4f}"),
     ("ece15", "ECE (15 bins)", False, lambda v: f"{v:.4f}"),
     ("brier", "Brier", False, lambda v: f"{v:.4f}"),
+    ("sharpness", "Sharpness (SAM)", False, lambda v: f"{v:.4f}"),
+    ("hessian_trace", "tr(H)", False, lambda v: f"{v:.3g}"),
 ]
 _METHODS = {
     "map": "the fine-tuned point estimate",
     "swa": "the SWA mean of the fine-tuning iterates",
     "swag_diag": "SWAG with a diagonal Gaussian",
     "swag": "SWAG with a low-rank plus diagonal Gaussian",
+    "vi": "the last mean-field VI iterate",
+    "hwa": "HWA, moment-matched mixture of the averaged Gaussians",
+    "hwa_mf": "HWA with averaged mean-field hyperparameters",
+    "hwa_rho": "HWA averaged in rho-space",
 }
 _COLOURS = matplotlib.colormaps["tab10"].colors
 _CSS = (

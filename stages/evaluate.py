@@ -3,16 +3,14 @@
 import sys
 from pathlib import Path
 
-import torch
 from _common import PREPARED, main, params, tracked
 
 from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
-from bayesavg.evaluate import center_model, evaluate, model_input
+from bayesavg.evaluate import centre_sharpness, evaluate, model_input
 from bayesavg.io import write_csv, write_json
 from bayesavg.posterior_file import load_posterior
 from bayesavg.seeding import derive_seed, resolve_device
-from bayesavg.sharpness import hessian_trace, sam_sharpness
 
 
 def run() -> None:
@@ -36,12 +34,9 @@ def run() -> None:
         posterior = load_posterior(Path("models") / pred.trajectory / "posterior.pt")
         bn_x = None
         if posterior.has_batchnorm and pred.method != "map":
-            train_x = data.train.x
-            if e.bn_update_fraction < 1:
-                gen = torch.Generator().manual_seed(derive_seed(p.seed, "bn_subset"))
-                keep = max(1, round(e.bn_update_fraction * len(train_x)))
-                train_x = train_x[torch.randperm(len(train_x), generator=gen)[:keep]]
-            bn_x = model_input(posterior, train_x, device)
+            keep = max(1, round(e.bn_update_fraction * len(data.train)))
+            bn_part = data.train.random_subset(keep, derive_seed(p.seed, "bn_subset"))
+            bn_x = model_input(posterior, bn_part.x, device)
         results = evaluate(
             posterior,
             pred.method,
@@ -58,22 +53,19 @@ def run() -> None:
             device=device,
         )
         sh = e.sharpness
-        gen = torch.Generator().manual_seed(derive_seed(p.seed, "sharpness"))
-        subset = torch.randperm(len(data.train), generator=gen)[: sh.n_points]
-        x_sub = model_input(posterior, data.train.x[subset], device)
-        y_sub = data.train.y[subset].to(device)
-        centre = center_model(posterior, pred.method, bn_x, device, e.batch_size)
-        sharp = {
-            "sharpness": sam_sharpness(centre, x_sub, y_sub, sh.rho, e.batch_size),
-            "hessian_trace": hessian_trace(
-                centre,
-                x_sub,
-                y_sub,
-                sh.probes,
-                gen.manual_seed(derive_seed(p.seed, "probes")),
-                e.batch_size,
-            ),
-        }
+        part = data.train.random_subset(sh.n_points, derive_seed(p.seed, "sharpness"))
+        sharp = centre_sharpness(
+            posterior,
+            pred.method,
+            model_input(posterior, part.x, device),
+            part.y,
+            bn_x=bn_x,
+            rho=sh.rho,
+            probes=sh.probes,
+            seed=derive_seed(p.seed, "probes"),
+            device=device,
+            batch_size=e.batch_size,
+        )
         result = results["test"]
         metrics = {
             **result.metrics,

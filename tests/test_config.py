@@ -121,3 +121,25 @@ def test_snapshot_count(default_raw: dict[str, Any]) -> None:
     raw = _with(raw, "finetune.swag.schedule", cyclic)
     raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 0, "max_rank": 5})
     assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 5
+
+
+def test_every_dvc_param_exists_in_params_yaml(default_raw: dict[str, Any]) -> None:
+    """DVC fails on a params key missing from params.yaml even when the schema has a default."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        keys = [
+            k
+            for entry in body.get("params", [])
+            for k in ([entry] if isinstance(entry, str) else entry)
+        ]
+        items = {
+            "finetune": default_raw["finetune"],
+            "evaluate": default_raw["evaluate"]["predictors"],
+        }
+        for key in keys:
+            for item in items.get(name, [None]) if "${key}" in key else [None]:
+                node: Any = default_raw
+                for part in key.replace("${key}", str(item)).split("."):
+                    assert isinstance(node, dict) and part in node, f"{name}: {key} ({item})"
+                    node = node[part]

@@ -52,6 +52,11 @@ class Split:
     def subset(self, idx: torch.Tensor) -> Split:
         return Split(self.x[idx], self.y[idx])
 
+    def random_subset(self, n: int, seed: int) -> Split:
+        """A fixed random ``n`` of the images (all of them if ``n`` >= len)."""
+        gen = torch.Generator().manual_seed(seed)
+        return self.subset(torch.randperm(len(self), generator=gen)[:n])
+
 
 @dataclass(frozen=True)
 class Source:

@@ -26,6 +26,7 @@ from .metrics import Reliability, classification_metrics, reliability
 from .models import has_batchnorm
 from .posterior_file import PosteriorFile, load_theta
 from .posteriors import HWA, SWAG
+from .sharpness import hessian_trace, sam_sharpness
 
 log = logging.getLogger(__name__)
 
@@ -201,3 +202,26 @@ def center_model(
     if method != "map" and bn_x is not None and has_batchnorm(model):
         update_bn(model, bn_x, batch_size)
     return model.eval()
+
+
+def centre_sharpness(
+    posterior: PosteriorFile,
+    method: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    bn_x: torch.Tensor | None,
+    rho: float,
+    probes: int,
+    seed: int,
+    device: torch.device | str,
+    batch_size: int = 1000,
+) -> dict[str, float]:
+    """Sharpness of the training loss (model-ready ``x``, labels ``y``) at the centre."""
+    model = center_model(posterior, method, bn_x, device, batch_size)
+    y = y.to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return {
+        "sharpness": sam_sharpness(model, x, y, rho, batch_size),
+        "hessian_trace": hessian_trace(model, x, y, probes, gen, batch_size),
+    }

@@ -46,9 +46,10 @@ from bayesavg.data import prepare, to_input
 from bayesavg.evaluate import evaluate
 from bayesavg.io import write_text
 from bayesavg.posterior_file import PosteriorFile
-from bayesavg.posteriors import SWAG
+from bayesavg.posteriors import HWA, SWAG, MeanFieldVI, svi_step
+from bayesavg.sam import sam_step
 from bayesavg.seeding import derive_seed, generator, resolve_device, seed_everything
-from bayesavg.train import Tensors, lr_at, sgd, train
+from bayesavg.train import Tensors, lr_at, sgd, sgd_step, train
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 SEED = 0
@@ -497,6 +498,65 @@ def bench_evaluate(train_data: Tensors, test: Tensors, s: Settings) -> dict[str,
 # report -------------------------------------------------------------------------
 
 
+# (c) step costs (issue 3) ----------------------------------------------------
+
+
+def run_steps(kind: str, data: Tensors, iters: int, batch_size: int) -> Outcome:
+    """``iters`` training steps of LeNet-5 of one kind: sgd, sam, svi or svi+hwa."""
+    model = init_model("lenet5", data.x.device)
+    hwa: HWA | None = None
+    if kind.startswith("svi"):
+        target: nn.Module = MeanFieldVI(model, sigma_init=0.01)
+        step = svi_step(len(data))
+        params = [target.mu, target.rho]
+        if kind == "svi+hwa":
+            hwa = HWA(target.mu.numel(), 20, device=data.x.device)
+    else:
+        target, params = model, list(model.parameters())
+        step = sam_step(0.05) if kind == "sam" else sgd_step
+    opt = sgd(params, 0.9, 0.0)
+    for group in opt.param_groups:
+        group["lr"] = 0.01
+    gen = torch.Generator().manual_seed(SEED)
+    order = torch.randint(0, len(data), (iters, batch_size), generator=gen).to(data.x.device)
+    target.train()
+    sync(data.x.device)
+    started = time.perf_counter()
+    for i in range(iters):
+        opt.zero_grad(set_to_none=True)
+        step(target, data.x[order[i]], data.y[order[i]])
+        opt.step()
+        if hwa is not None and (i + 1) % 10 == 0:
+            hwa.collect(target.mu, target.rho)
+    sync(data.x.device)
+    return Outcome(time.perf_counter() - started, theta(model))
+
+
+def bench_steps(train_data: Tensors, s: Settings) -> dict[str, Any]:
+    """Seconds per step of SAM, SVI and SVI with HWA collection, as ratios to an SGD step."""
+    iters = 20 if s.finetune_rounds < 5 else 100
+    kinds = ("sgd", "sam", "svi", "svi+hwa")
+    variants = {k: partial(run_steps, k, train_data, iters, s.batch_size) for k in kinds}
+    for variant in variants.values():
+        variant()
+    seconds = interleave(variants, s.finetune_rounds)
+    ratios = {
+        f"{num}_over_{den}": round(
+            statistics.median(per_round_ratios(seconds[num], seconds[den])), 3
+        )
+        for num, den in (("sam", "sgd"), ("svi", "sgd"), ("svi+hwa", "svi"))
+    }
+    return {
+        "iterations": iters,
+        "batch_size": s.batch_size,
+        "ms_per_step": {
+            k: round(1000 * statistics.median(v) / iters, 3) for k, v in seconds.items()
+        },
+        "ratios": ratios,
+        "targets": {"sam_over_sgd": "about 2", "svi+hwa_over_svi": "<= 1.05"},
+    }
+
+
 def fmt_range(lo: float, hi: float, pattern: str) -> str:
     return f"[{pattern.format(lo)} .. {pattern.format(hi)}]"
 
@@ -576,12 +636,17 @@ def main() -> None:
         "mode": "quick" if args.quick else "full",
         "finetune": bench_finetune(train_data, settings),
         "evaluate": bench_evaluate(train_data, test, settings),
+        "steps": bench_steps(train_data, settings),
     }
     machine["load_average_end"] = [round(v, 2) for v in os.getloadavg()]
     wall = time.perf_counter() - started
     results["wall_seconds"] = round(wall, 1)
     write_text(args.out, json.dumps(results, indent=2) + "\n")
     print_table(results, wall)
+    st = results["steps"]
+    print(f"\n(c) step costs, lenet5, {st['iterations']} steps of batch {st['batch_size']}")
+    print(f"  ms/step: {st['ms_per_step']}")
+    print(f"  ratios (median per round): {st['ratios']}; expected {st['targets']}")
     print(f"\nwrote {args.out}")
 
 

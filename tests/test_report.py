@@ -159,6 +159,15 @@ def test_comparison_lines_include_pairs(inputs: ReportInputs) -> None:
     assert "swag does not improve accuracy over swa: 97.00% vs 98.00% (-1.00 pp)" in lines
 
 
+def test_tempered_vi_is_labelled(
+    inputs: ReportInputs, written: dict[str, Path], tmp_path: Path
+) -> None:
+    params = {"finetune": {"swag": {"vi": {"kl_weight": 0.1}}}}
+    paths = write_report(dataclasses.replace(inputs, params=params), tmp_path)
+    assert "tempered: KL weight 0.1" in paths["md"].read_text()
+    assert "tempered" not in written["md"].read_text()
+
+
 def test_comparison_lines_without_baseline(inputs: ReportInputs) -> None:
     lines = comparison_lines(dataclasses.replace(inputs, baseline="nope"))
     assert len(lines) == 1 and "nope" in lines[0] and "not among" in lines[0]

@@ -141,6 +141,13 @@ def _compare(p: PredictorResult, base: PredictorResult) -> list[str]:
     return lines
 
 
+def _kl_weight(params: dict[str, Any], trajectory: str) -> float:
+    """The trajectory's VI KL weight from the raw params (1.0 where there is none)."""
+    traj = params.get("finetune", {}).get(trajectory, {})
+    vi = traj.get("vi") if isinstance(traj, dict) else None
+    return float(vi.get("kl_weight", 1.0)) if isinstance(vi, dict) else 1.0
+
+
 def _summary(inputs: ReportInputs) -> str:
     """One paragraph: what data, which predictors, against what baseline."""
     info = dict(inputs.dataset_summary)
@@ -152,6 +159,9 @@ def _summary(inputs: ReportInputs) -> str:
     for p in inputs.predictors:
         what = _METHODS.get(p.method, f"method {p.method}")
         extra = f", scale {p.scale:g}" if p.scale else ""
+        kl_weight = _kl_weight(inputs.params, p.trajectory)
+        if kl_weight != 1.0:
+            extra += f", tempered: KL weight {kl_weight:g}, not the true ELBO"
         described.append(f"{p.name} ({what}, trajectory {p.trajectory}{extra})")
     return (
         f"{data} Predictors: {'; '.join(described) or 'none'}. "

@@ -23,7 +23,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from .errors import UserError
 from .io import save_torch, sha256_file, write_json
-from .seeding import derive_seed
+from .seeding import derive_seed, generator
 
 log = logging.getLogger(__name__)
 
@@ -245,13 +245,11 @@ def split_source(
     # class, and class-sorted batches would skew every sequential pass over
     # a split (the BatchNorm update normalises each batch by its own stats).
     return tuple(  # type: ignore[return-value]
-        split.subset(torch.randperm(len(split), generator=_gen(seed, "order", name)))
+        split.subset(
+            torch.randperm(len(split), generator=generator(derive_seed(seed, "order", name)))
+        )
         for name, split in splits.items()
     )
-
-
-def _gen(seed: int, *names: str) -> torch.Generator:
-    return torch.Generator().manual_seed(derive_seed(seed, *names))
 
 
 def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:

@@ -30,6 +30,8 @@ def _params(**overrides: Any) -> Any:
     for traj in raw["finetune"].values():
         traj["epochs"] = 2
         traj["batch_size"] = 128
+        if "collect" in traj:
+            traj["collect"]["start_epoch"] = 0
     raw["finetune"]["swag"]["collect"] = {"start_epoch": 1, "every": 5, "max_rank": 3}
     for key, value in overrides.items():
         raw[key] = value
@@ -118,6 +120,7 @@ def _svi_params() -> Any:
             "collect": {"start_epoch": 0, "every": 5, "max_rank": 3},
         },
     }
+    raw["evaluate"]["plane"]["trajectories"] = ["hwa"]
     raw["evaluate"]["predictors"] = {
         "vi": {"trajectory": "vi", "method": "vi"},
         "hwa": {"trajectory": "hwa", "method": "hwa"},

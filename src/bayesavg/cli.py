@@ -45,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
         "--posterior", required=True, type=Path, help="models/<trajectory>/posterior.pt"
     )
     ev.add_argument(
-        "--predictor", required=True, help="map, swa, swag_diag, swag, vi, hwa, hwa_mf or hwa_rho"
+        "--predictor",
+        required=True,
+        help="map, swa, swag_diag, swag, vi, hwa, hwa_mf, hwa_rho, mc_dropout, ensemble or sgld",
     )
     ev.add_argument(
         "--data",
@@ -65,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _evaluate(args: argparse.Namespace) -> None:
     from .data import load_eval_split
-    from .evaluate import METHODS, evaluate, model_input
+    from .evaluate import METHODS, evaluate, model_input, needs_bn_data
     from .io import write_csv, write_json
     from .posterior_file import load_posterior
     from .seeding import resolve_device
@@ -92,7 +94,7 @@ def _evaluate(args: argparse.Namespace) -> None:
             f"the posterior has {posterior.num_classes} classes"
         )
     bn_x = None
-    if args.predictor != "map" and posterior.has_batchnorm:
+    if needs_bn_data(args.predictor) and posterior.has_batchnorm:
         log.info("BatchNorm model: using the training split of %s for BN updates", d["dataset"])
         bn_x = model_input(
             posterior, load_eval_split(d["dataset"], *split_args, "train", *fractions).x, device

@@ -19,7 +19,19 @@ from .errors import UserError
 
 DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
 MODEL_NAMES = ("mlp", "lenet5", "vgg16_bn", "preresnet20")
-PREDICTOR_METHODS = ("map", "swa", "swag_diag", "swag", "vi", "hwa", "hwa_mf", "hwa_rho")
+PREDICTOR_METHODS = (
+    "map",
+    "swa",
+    "swag_diag",
+    "swag",
+    "vi",
+    "hwa",
+    "hwa_mf",
+    "hwa_rho",
+    "mc_dropout",
+    "ensemble",
+    "sgld",
+)
 _NEEDS = {  # what a predictor method needs of its trajectory
     "swa": "collect",
     "swag_diag": "collect",
@@ -28,7 +40,15 @@ _NEEDS = {  # what a predictor method needs of its trajectory
     "hwa": "hwa",
     "hwa_mf": "hwa",
     "hwa_rho": "hwa",
+    "ensemble": "ensemble",
+    "sgld": "sgld",
 }
+_WHAT = {
+    "collect": "SWAG snapshots (an sgd trajectory with 'collect')",
+    "ensemble": "an ensemble trajectory",
+    "sgld": "an sgld trajectory",
+}
+DEFAULT_DROPOUT = {"vgg16_bn": 0.5}  # the models' own default rate; 0 elsewhere
 _NAME = r"^[a-z][a-z0-9_]*$"
 
 PosInt = Annotated[int, Field(ge=1)]
@@ -60,13 +80,25 @@ class DataParams(_Section):
         return self
 
 
+DropoutRate = Annotated[float, Field(ge=0, lt=1)]
+
+
 class ModelParams(_Section):
     name: Literal["mlp", "lenet5", "vgg16_bn", "preresnet20"] = "lenet5"
     hidden: list[PosInt] = Field(default_factory=lambda: [512, 256])
+    dropout: DropoutRate | None = None  # None: the model's own (0.5 for vgg16_bn, else 0)
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments beyond shape and classes, per model."""
-        return {"hidden": list(self.hidden)} if self.name == "mlp" else {}
+        out: dict[str, Any] = {"hidden": list(self.hidden)} if self.name == "mlp" else {}
+        if self.dropout is not None:
+            out["dropout"] = self.dropout
+        return out
+
+    def effective_dropout(self) -> float:
+        if self.dropout is not None:
+            return self.dropout
+        return DEFAULT_DROPOUT.get(self.name, 0.0)
 
 
 class Schedule(_Section):
@@ -127,16 +159,23 @@ class Trajectory(Optim):
 
     kind sgd: SGD (SWAG snapshots with ``collect``); vi: SVI on (mu, rho) from
     the start's weights; hwa: SVI continued from a vi trajectory, collecting
-    (mu, sigma) snapshots. ``sam_rho`` > 0 turns on the SAM gradient (F-variants).
+    (mu, sigma) snapshots; ensemble: ``members`` networks, each pretrained from
+    its own seed and fine-tuned like an sgd trajectory; sgld: Langevin dynamics
+    (SGD without momentum plus Gaussian noise), keeping the last
+    ``collect.max_rank`` samples taken after ``collect.start_epoch`` (burn-in).
+    ``sam_rho`` > 0 turns on the SAM gradient (F-variants); ``dropout`` sets
+    the network's dropout rate for this trajectory (MC dropout).
     """
 
-    kind: Literal["sgd", "vi", "hwa"] = "sgd"
+    kind: Literal["sgd", "vi", "hwa", "ensemble", "sgld"] = "sgd"
     start: Annotated[str, Field(pattern=_NAME)]
     schedule: Schedule = Schedule()
     collect: Collect | None = None
     sam_rho: NonNegFloat = 0.0
     vi: VIParams | None = None
     reset_to_average: bool = False
+    dropout: DropoutRate | None = None
+    members: PosInt | None = None
 
     def snapshots(self, iters_per_epoch: int) -> int:
         """How many snapshots this trajectory will collect (0 without ``collect``)."""
@@ -171,6 +210,23 @@ class Trajectory(Optim):
             raise ValueError("collect: an hwa trajectory needs a 'collect' section")
         if self.reset_to_average and self.kind != "hwa":
             raise ValueError("reset_to_average: only hwa trajectories average and restart")
+        if (self.members is not None) != (self.kind == "ensemble"):
+            raise ValueError("members: set it for ensemble trajectories, and only for them")
+        if self.kind == "ensemble" and self.collect is not None:
+            raise ValueError("collect: ensemble members keep their final weights, not snapshots")
+        if self.kind == "ensemble" and self.start != "pretrain":
+            raise ValueError("start: ensemble members start from pretraining (start: pretrain)")
+        if self.kind == "sgld":
+            if self.momentum:
+                raise ValueError(
+                    "momentum: must be 0 for sgld (the noise scale sqrt(2 lr / N) assumes "
+                    "plain SGD steps)"
+                )
+            if self.collect is None:
+                raise ValueError(
+                    "collect: an sgld trajectory needs a 'collect' section (burn-in epochs, "
+                    "thinning, samples kept)"
+                )
         return self
 
     def provides(self) -> set[str]:
@@ -182,12 +238,26 @@ class Trajectory(Optim):
             out.add("vi")
         if self.kind == "hwa":
             out.add("hwa")
+        if self.kind in ("ensemble", "sgld"):
+            out.add(self.kind)
         return out
 
 
 class Predictor(_Section):
     trajectory: Annotated[str, Field(pattern=_NAME)]
-    method: Literal["map", "swa", "swag_diag", "swag", "vi", "hwa", "hwa_mf", "hwa_rho"]
+    method: Literal[
+        "map",
+        "swa",
+        "swag_diag",
+        "swag",
+        "vi",
+        "hwa",
+        "hwa_mf",
+        "hwa_rho",
+        "mc_dropout",
+        "ensemble",
+        "sgld",
+    ]
     scale: NonNegFloat | None = None
 
     def effective_scale(self) -> float:
@@ -205,9 +275,20 @@ class SharpnessParams(_Section):
     n_points: PosInt = 1000
 
 
+class PlaneParams(_Section):
+    """The loss surface on the plane of the first two principal components of a
+    trajectory's snapshots (the HWA paper's figure), for each trajectory listed."""
+
+    trajectories: list[Annotated[str, Field(pattern=_NAME)]] = Field(default_factory=list)
+    grid: Annotated[int, Field(ge=3, le=101)] = 21
+    margin: NonNegFloat = 0.25
+    n_points: PosInt = 1000
+
+
 class EvaluateParams(_Section):
     n_samples: PosInt = 30
     sharpness: SharpnessParams = SharpnessParams()
+    plane: PlaneParams = PlaneParams()
     batch_size: PosInt = 1000
     bn_update_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     ece_bins: Annotated[int, Field(ge=2)] = 20
@@ -258,6 +339,13 @@ class Params(_Section):
                     )
                 if traj.kind == "hwa" and origin.kind != "vi":
                     raise ValueError(f"finetune.{name}.start: hwa continues a vi trajectory")
+        for name in self.evaluate.plane.trajectories:
+            traj = self.finetune.get(name)
+            if traj is None or traj.collect is None:
+                raise ValueError(
+                    f"evaluate.plane.trajectories: {name!r} is not a finetune trajectory that "
+                    "collects snapshots"
+                )
         for name, pred in self.evaluate.predictors.items():
             key = f"evaluate.predictors.{name}"
             if not re.fullmatch(_NAME, name):
@@ -269,10 +357,13 @@ class Params(_Section):
                     f"({', '.join(self.finetune)})"
                 )
             need = _NEEDS.get(pred.method)
-            if need is not None and need not in traj.provides():
-                what = {"collect": "SWAG snapshots (an sgd trajectory with 'collect')"}.get(
-                    need, f"a {need} trajectory"
+            if pred.method == "mc_dropout" and self.dropout_of(pred.trajectory) == 0:
+                raise ValueError(
+                    f"{key}.method: mc_dropout needs dropout; set finetune.{pred.trajectory}"
+                    ".dropout (or model.dropout) above 0"
                 )
+            if need is not None and need not in traj.provides():
+                what = _WHAT.get(need, f"a {need} trajectory")
                 raise ValueError(
                     f"{key}.method: {pred.method} needs {what}, but finetune."
                     f"{pred.trajectory} is kind {traj.kind}"
@@ -286,6 +377,15 @@ class Params(_Section):
                     "snapshots; collect from an earlier epoch or set collect.every"
                 )
         return self
+
+    def dropout_of(self, trajectory: str) -> float:
+        """The dropout rate a trajectory trains with: its own, its start's, or the model's."""
+        traj = self.finetune[trajectory]
+        if traj.dropout is not None:
+            return traj.dropout
+        if traj.start != "pretrain":
+            return self.dropout_of(traj.start)
+        return self.model.effective_dropout()
 
 
 def _location(loc: tuple[Any, ...]) -> str:

@@ -23,15 +23,30 @@ from .batchnorm import update_bn
 from .data import to_input
 from .errors import UserError
 from .metrics import Reliability, classification_metrics, reliability
-from .models import has_batchnorm
+from .models import dropout_modules, has_batchnorm, has_dropout
 from .posterior_file import PosteriorFile, load_theta
 from .posteriors import HWA, SWAG
+from .seeding import isolated_rng
 from .sharpness import hessian_trace, sam_sharpness
 
 log = logging.getLogger(__name__)
 
-METHODS = ("map", "swa", "swag_diag", "swag", "vi", "hwa", "hwa_mf", "hwa_rho")
+METHODS = (
+    "map",
+    "swa",
+    "swag_diag",
+    "swag",
+    "vi",
+    "hwa",
+    "hwa_mf",
+    "hwa_rho",
+    "mc_dropout",
+    "ensemble",
+    "sgld",
+)
 DEFAULT_SCALE = {"swag_diag": 1.0, "swag": 0.5, "hwa": 0.5}
+# Methods whose networks come with their own BatchNorm statistics (the file's).
+OWN_BUFFERS = ("map", "mc_dropout", "ensemble")
 
 
 @dataclass(frozen=True)
@@ -42,27 +57,58 @@ class Evaluation:
     log_probs: torch.Tensor
 
 
+@dataclass(frozen=True)
+class Draws:
+    """How a predictor produces its S networks.
+
+    ``draw(s)`` gives the weights of network s (0-based) and its BatchNorm
+    buffers, or None to recompute them on training data (ALGORITHMS §6);
+    ``count`` fixes S (None: the ``n_samples`` asked for); ``dropout`` keeps
+    dropout layers stochastic at prediction time (MC dropout).
+    """
+
+    draw: Callable[[int], tuple[torch.Tensor, dict[str, torch.Tensor] | None]]
+    count: int | None
+    dropout: bool = False
+
+
+def needs_bn_data(method: str) -> bool:
+    """Whether ``method`` recomputes BatchNorm statistics (so needs training inputs)."""
+    return method not in OWN_BUFFERS
+
+
 def sampler(
     posterior: PosteriorFile,
     method: str,
     scale: float,
     generator: torch.Generator,
     device: torch.device,
-) -> tuple[Callable[[], torch.Tensor], int | None]:
-    """A function drawing one weight vector, and the fixed sample count (None = S)."""
+    n_samples: int = 30,
+) -> Draws:
+    """The S networks of ``method`` from ``posterior``, weights on ``device``."""
     if method not in METHODS:
         raise UserError(f"unknown predictor {method!r}; choose one of {', '.join(METHODS)}")
-    if method == "map":
+    if method in ("map", "mc_dropout"):
         theta = posterior.theta.to(device)
-        return (lambda: theta), 1
+        buffers = {k: v.to(device) for k, v in posterior.buffers.items()}
+        if method == "mc_dropout" and not has_dropout(posterior.build_model()):
+            raise UserError(
+                f"mc_dropout: trajectory {posterior.trajectory!r} has no dropout; train one with "
+                "a dropout rate above 0"
+            )
+        return Draws(lambda s: (theta, buffers), 1 if method == "map" else None, method != "map")
+    if method in ("ensemble", "sgld"):
+        return _stored(posterior, method, device, n_samples)
     if method == "vi":
         if posterior.rho is None:
             raise UserError(f"predictor vi needs a vi/hwa trajectory, not {posterior.trajectory!r}")
         mu = posterior.theta.to(device)
         sigma = torch.nn.functional.softplus(posterior.rho.to(device))
-        return (
-            lambda: mu + sigma * torch.randn(mu.shape, generator=generator, device=device)
-        ), None
+
+        def draw_vi(s: int) -> tuple[torch.Tensor, None]:
+            return mu + sigma * torch.randn(mu.shape, generator=generator, device=device), None
+
+        return Draws(draw_vi, None)
     if method.startswith("hwa"):
         if posterior.hwa is None:
             raise UserError(
@@ -71,7 +117,7 @@ def sampler(
         hwa = HWA.from_state_dict(posterior.hwa, device=device)
         if hwa.n_collected == 0:
             raise UserError(f"{method}: trajectory {posterior.trajectory!r} collected no snapshots")
-        return (lambda: hwa.sample(method, scale=scale, generator=generator)), None
+        return Draws(lambda s: (hwa.sample(method, scale=scale, generator=generator), None), None)
     if posterior.collector is None:
         raise UserError(
             f"predictor {method} needs a SWAG posterior, but trajectory "
@@ -80,16 +126,37 @@ def sampler(
     swag = SWAG.from_state_dict(posterior.collector, device=device)
     if method == "swa":
         mean = swag.mean
-        return (lambda: mean), 1
+        return Draws(lambda s: (mean, None), 1)
     if method == "swag" and swag.rank < 2:
         raise UserError(f"swag needs at least 2 snapshots, {posterior.trajectory} has {swag.rank}")
     diag_only = method == "swag_diag"
-    return (lambda: swag.sample(scale=scale, diag_only=diag_only, generator=generator)), None
+    return Draws(
+        lambda s: (swag.sample(scale=scale, diag_only=diag_only, generator=generator), None), None
+    )
+
+
+def _stored(posterior: PosteriorFile, method: str, device: torch.device, n_samples: int) -> Draws:
+    """Ensemble members (all, with their own buffers) or the last S SGLD samples."""
+    stored = posterior.samples
+    is_ensemble = stored is not None and stored["buffers"] is not None
+    if stored is None or is_ensemble != (method == "ensemble"):
+        kind = "an ensemble" if method == "ensemble" else "an sgld"
+        raise UserError(f"predictor {method} needs {kind} trajectory, not {posterior.trajectory!r}")
+    thetas = stored["theta"].to(device)
+    if method == "sgld":
+        thetas = thetas[-n_samples:]
+    buffers = [{k: v.to(device) for k, v in b.items()} for b in stored["buffers"] or []]
+    return Draws(lambda s: (thetas[s], buffers[s] if buffers else None), thetas.shape[0])
 
 
 @torch.inference_mode()
-def log_softmax_predictions(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+def log_softmax_predictions(
+    model: nn.Module, x: torch.Tensor, batch_size: int, dropout: bool = False
+) -> torch.Tensor:
+    """Log-probabilities in eval mode; ``dropout`` keeps dropout layers sampling masks."""
     model.eval()
+    for m in dropout_modules(model) if dropout else []:
+        m.train()
     out = [
         torch.log_softmax(model(x[i : i + batch_size]).double(), dim=1)
         for i in range(0, x.shape[0], batch_size)
@@ -120,15 +187,16 @@ def evaluate(
     device = torch.device(device)
     model = posterior.build_model(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    draw, fixed = sampler(
+    draws = sampler(
         posterior,
         method,
         DEFAULT_SCALE.get(method, 0.0) if scale is None else scale,
         generator,
         device,
+        n_samples,
     )
-    total = fixed or n_samples
-    needs_bn = method != "map" and has_batchnorm(model)
+    total = draws.count or n_samples
+    needs_bn = needs_bn_data(method) and has_batchnorm(model)
     if needs_bn and bn_x is None:
         raise UserError(f"predictor {method} on a BatchNorm model needs training data for BN")
     names = list(splits)
@@ -137,15 +205,21 @@ def evaluate(
     ys = [splits[n][1].to(device) for n in names]
     log_sum: torch.Tensor | None = None
     per_s: dict[str, list[dict[str, torch.Tensor]]] = {n: [] for n in names}
-    for s in tqdm(range(1, total + 1), desc=f"evaluate {method}", disable=None, leave=False):
-        with torch.no_grad():
-            vector_to_parameters(draw(), model.parameters())
-        if needs_bn:
-            update_bn(model, bn_x, batch_size)
-        logp = log_softmax_predictions(model, x_all, batch_size)
-        log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
-        for name, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
-            per_s[name].append(classification_metrics(bma, y, ece_bins))
+    # Dropout masks come from torch's global stream: seed a private copy of it.
+    with isolated_rng(seed, device):
+        for s in tqdm(range(1, total + 1), desc=f"evaluate {method}", disable=None, leave=False):
+            theta, buffers = draws.draw(s - 1)
+            if buffers is None:
+                with torch.no_grad():
+                    vector_to_parameters(theta, model.parameters())
+            else:
+                load_theta(model, theta, buffers)
+            if needs_bn:
+                update_bn(model, bn_x, batch_size)
+            logp = log_softmax_predictions(model, x_all, batch_size, dropout=draws.dropout)
+            log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
+            for name, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
+                per_s[name].append(classification_metrics(bma, y, ece_bins))
     assert log_sum is not None
     bmas = (log_sum - math.log(total)).split(sizes)
     return {
@@ -180,26 +254,40 @@ def model_input(
     return to_input(x, posterior.mean, posterior.std, device)
 
 
-def center(posterior: PosteriorFile, method: str) -> torch.Tensor:
-    """The posterior's centre for ``method``: theta, the SWA mean, mu or the HWA mean."""
+def centres(
+    posterior: PosteriorFile, method: str
+) -> list[tuple[torch.Tensor, dict[str, torch.Tensor] | None]]:
+    """Where ``method``'s sharpness is measured: weights and buffers (None: recompute BN).
+
+    theta for map, mc_dropout (dropout off) and vi (mu); the SWA mean; the HWA
+    mean; the mean of the kept SGLD samples; every ensemble member, whose
+    sharpness values are averaged (members sit in different basins, so their
+    weight average is not a meaningful centre).
+    """
     if method in ("swa", "swag_diag", "swag") and posterior.collector is not None:
-        return SWAG.from_state_dict(posterior.collector).mean
+        return [(SWAG.from_state_dict(posterior.collector).mean, None)]
     if method.startswith("hwa") and posterior.hwa is not None:
-        return HWA.from_state_dict(posterior.hwa).mu.mean
-    return posterior.theta
+        return [(HWA.from_state_dict(posterior.hwa).mu.mean, None)]
+    if method == "sgld" and posterior.samples is not None:
+        return [(posterior.samples["theta"].mean(0), None)]
+    if method == "ensemble" and posterior.samples is not None:
+        thetas, buffers = posterior.samples["theta"], posterior.samples["buffers"]
+        return list(zip(thetas, buffers, strict=True))
+    return [(posterior.theta, None if method not in OWN_BUFFERS else posterior.buffers)]
 
 
 def center_model(
     posterior: PosteriorFile,
-    method: str,
+    theta: torch.Tensor,
+    buffers: dict[str, torch.Tensor] | None,
     bn_x: torch.Tensor | None,
     device: torch.device | str,
     batch_size: int = 1000,
 ) -> nn.Module:
-    """The network at ``center`` (BatchNorm recomputed there unless ``map``), in eval mode."""
+    """The network at ``theta``, with ``buffers`` or BatchNorm recomputed, in eval mode."""
     model = posterior.build_model(device)
-    load_theta(model, center(posterior, method).to(device), {})
-    if method != "map" and bn_x is not None and has_batchnorm(model):
+    load_theta(model, theta.to(device), buffers or {})
+    if buffers is None and bn_x is not None and has_batchnorm(model):
         update_bn(model, bn_x, batch_size)
     return model.eval()
 
@@ -217,11 +305,19 @@ def centre_sharpness(
     device: torch.device | str,
     batch_size: int = 1000,
 ) -> dict[str, float]:
-    """Sharpness of the training loss (model-ready ``x``, labels ``y``) at the centre."""
-    model = center_model(posterior, method, bn_x, device, batch_size)
+    """Sharpness of the training loss (model-ready ``x``, labels ``y``) at the centre(s)."""
     y = y.to(device)
     gen = torch.Generator(device=device).manual_seed(seed)
+    values = []
+    for theta, buffers in centres(posterior, method):
+        model = center_model(posterior, theta, buffers, bn_x, device, batch_size)
+        values.append(
+            (
+                sam_sharpness(model, x, y, rho, batch_size),
+                hessian_trace(model, x, y, probes, gen, batch_size),
+            )
+        )
     return {
-        "sharpness": sam_sharpness(model, x, y, rho, batch_size),
-        "hessian_trace": hessian_trace(model, x, y, probes, gen, batch_size),
+        "sharpness": sum(v[0] for v in values) / len(values),
+        "hessian_trace": sum(v[1] for v in values) / len(values),
     }

@@ -1,7 +1,10 @@
 """Model registry: name + constructor arguments -> a plain ``nn.Module``.
 
 Posteriors live outside the model (over ``parameters_to_vector``), so every
-model here is an ordinary module. VGG16-BN reuses torchvision's feature
+model here is an ordinary module. Every model takes a ``dropout`` rate (MC
+dropout); its Dropout layers are always present, so the parameter vector is
+the same whatever the rate, and a rate of 0 is an exact identity that draws
+no random numbers. VGG16-BN reuses torchvision's feature
 stack; its ImageNet classifier (4096-wide, 7x7 pooling) is replaced by the
 CIFAR one used in the SWA/SWAG papers. Pre-activation ResNet-20 is not in
 torchvision, so it is written here.
@@ -21,20 +24,26 @@ from .errors import UserError
 
 
 def mlp(
-    in_shape: tuple[int, int, int], num_classes: int, hidden: tuple[int, ...] = (512, 256)
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    hidden: tuple[int, ...] = (512, 256),
+    dropout: float = 0.0,
 ) -> nn.Module:
-    """Fully connected ReLU network on flattened images."""
+    """Fully connected ReLU network on flattened images; dropout after each hidden layer."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_shape[0] * in_shape[1] * in_shape[2]
     for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU(inplace=True)]
+        layers += [nn.Linear(width, h), nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = h
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)
 
 
-def lenet5(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """LeNet-5 (ReLU, max pooling); 28x28 inputs are padded to 32x32 as in the original."""
+def lenet5(in_shape: tuple[int, int, int], num_classes: int, dropout: float = 0.0) -> nn.Module:
+    """LeNet-5 (ReLU, max pooling); 28x28 inputs are padded to 32x32 as in the original.
+
+    Dropout sits after the two hidden fully connected layers, as in MC-dropout LeNets.
+    """
     channels, height, width = in_shape
     pad = 2 if (height, width) == (28, 28) else 0
     feat = ((height + 2 * pad - 4) // 2 - 4) // 2
@@ -48,14 +57,16 @@ def lenet5(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
         nn.Flatten(),
         nn.Linear(16 * feat * feat, 120),
         nn.ReLU(inplace=True),
+        nn.Dropout(dropout),
         nn.Linear(120, 84),
         nn.ReLU(inplace=True),
+        nn.Dropout(dropout),
         nn.Linear(84, num_classes),
     )
 
 
-def vgg16_bn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """VGG16 with BatchNorm, CIFAR classifier (512-512-C with dropout) as in SWAG."""
+def vgg16_bn(in_shape: tuple[int, int, int], num_classes: int, dropout: float = 0.5) -> nn.Module:
+    """VGG16 with BatchNorm, CIFAR classifier (512-512-C with dropout 0.5) as in SWAG."""
     channels, height, width = in_shape
     if height % 32 or width % 32:
         raise UserError(f"vgg16_bn needs image sides divisible by 32, got {height}x{width}")
@@ -65,10 +76,10 @@ def vgg16_bn(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     feat = 512 * (height // 32) * (width // 32)
     classifier = nn.Sequential(
         nn.Flatten(),
-        nn.Dropout(),
+        nn.Dropout(dropout),
         nn.Linear(feat, 512),
         nn.ReLU(inplace=True),
-        nn.Dropout(),
+        nn.Dropout(dropout),
         nn.Linear(512, 512),
         nn.ReLU(inplace=True),
         nn.Linear(512, num_classes),
@@ -96,9 +107,15 @@ class _PreActBlock(nn.Module):
 
 
 class PreResNet(nn.Module):
-    """Pre-activation ResNet for CIFAR (He et al. 2016): depth = 6n + 2."""
+    """Pre-activation ResNet for CIFAR (He et al. 2016): depth = 6n + 2; dropout before fc."""
 
-    def __init__(self, in_shape: tuple[int, int, int], num_classes: int, depth: int = 20) -> None:
+    def __init__(
+        self,
+        in_shape: tuple[int, int, int],
+        num_classes: int,
+        depth: int = 20,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         if (depth - 2) % 6:
             raise UserError(f"PreResNet depth must be 6n+2, got {depth}")
@@ -112,16 +129,20 @@ class PreResNet(nn.Module):
                 in_planes = planes
         self.blocks = nn.Sequential(*blocks)
         self.bn = nn.BatchNorm2d(in_planes)
+        self.drop = nn.Dropout(dropout)
         self.fc = nn.Linear(in_planes, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.blocks(self.conv(x))
         out = torch.relu(self.bn(out))
-        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1))
+        pooled = torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1)
+        return self.fc(self.drop(pooled))
 
 
-def preresnet20(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    return PreResNet(in_shape, num_classes, depth=20)
+def preresnet20(
+    in_shape: tuple[int, int, int], num_classes: int, dropout: float = 0.0
+) -> nn.Module:
+    return PreResNet(in_shape, num_classes, depth=20, dropout=dropout)
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -142,6 +163,15 @@ def build_model(
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
     return MODELS[name](tuple(in_shape), num_classes, **(kwargs or {}))
+
+
+def dropout_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether any dropout layer is active in train mode (rate > 0)."""
+    return any(m.p > 0 for m in dropout_modules(model))
 
 
 def has_batchnorm(model: nn.Module) -> bool:

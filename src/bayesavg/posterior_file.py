@@ -38,6 +38,9 @@ class PosteriorFile:
     collector: dict[str, Any] | None = None
     rho: torch.Tensor | None = None
     hwa: dict[str, Any] | None = None
+    # Stored weight vectors for BMA over an explicit set: ensemble members (with
+    # their own BatchNorm buffers) or SGLD samples (buffers None: BN is recomputed).
+    samples: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -57,6 +60,17 @@ class PosteriorFile:
             raise ValueError(f"rho must have {expected} values")
         if self.hwa is not None and self.hwa["mu"].get("num_params") != expected:
             raise ValueError(f"hwa collector must cover {expected} parameters")
+        if self.samples is not None:
+            stack = self.samples["theta"]
+            if not isinstance(stack, torch.Tensor) or stack.shape[1:] != (expected,):
+                raise ValueError(f"samples.theta must be (k, {expected})")
+            if stack.shape[0] < 1:
+                raise ValueError("samples.theta holds no samples")
+            buffers = self.samples["buffers"]
+            if buffers is not None and (
+                len(buffers) != stack.shape[0] or any(set(b) != set(self.buffers) for b in buffers)
+            ):
+                raise ValueError("samples.buffers must match samples.theta and the model")
 
     @property
     def has_batchnorm(self) -> bool:
@@ -81,6 +95,7 @@ class PosteriorFile:
             "collector": self.collector,
             "rho": None if self.rho is None else self.rho.detach().cpu(),
             "hwa": self.hwa,
+            "samples": self.samples,
             "extra": self.extra,
         }
 
@@ -100,6 +115,7 @@ class PosteriorFile:
             collector=d["collector"],
             rho=d.get("rho"),
             hwa=d.get("hwa"),
+            samples=d.get("samples"),
             extra=d.get("extra", {}),
         )
 

@@ -6,9 +6,11 @@ when another stage or client is added.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -51,3 +53,17 @@ def resolve_device(name: str) -> torch.device:
             f"device: {name} was asked for but no CUDA GPU is available; use auto or cpu"
         )
     return device
+
+
+@contextlib.contextmanager
+def isolated_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run with torch's global stream (CPU and ``device``) seeded, then restore it.
+
+    For randomness torch draws only from the global stream (dropout masks),
+    without disturbing whoever seeded it outside.
+    """
+    device = torch.device(device)
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        torch.manual_seed(seed)
+        yield

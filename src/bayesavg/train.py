@@ -118,13 +118,15 @@ def train(
     step: Step = sgd_step,
     val_data: Tensors | None = None,
     after_step: Callable[[int], None] | None = None,
+    epoch_metrics: Callable[[], dict[str, float]] | None = None,
     desc: str = "train",
 ) -> list[dict[str, float]]:
     """Run ``epochs`` of minibatch training; return one history row per epoch.
 
     ``generator`` (CPU) shuffles; ``after_step(i)`` runs after optimizer step
-    i (0-based), e.g. to collect SWAG snapshots. A non-finite epoch loss
-    stops training with a ``UserError`` naming the epoch.
+    i (0-based), e.g. to collect SWAG snapshots; ``epoch_metrics()`` adds
+    columns to each epoch's row (monitoring, e.g. test curves). A non-finite
+    epoch loss stops training with a ``UserError`` naming the epoch.
     """
     n = len(train_data)
     iters_per_epoch = math.ceil(n / batch_size)
@@ -166,6 +168,8 @@ def train(
         if val_data is not None:
             val_loss, val_acc = loss_and_accuracy(model, val_data)
             row["val_loss"], row["val_accuracy"] = val_loss.item(), val_acc.item()
+        if epoch_metrics is not None:
+            row.update(epoch_metrics())
         row["seconds"] = time.perf_counter() - started
         history.append(row)
         log.info(

@@ -77,8 +77,15 @@ class PosteriorFile:
         return any(name.endswith("running_mean") for name in self.buffers)
 
     def build_model(self, device: torch.device | str = "cpu") -> nn.Module:
-        """The network at the last iterate (parameters and buffers), in eval mode."""
-        model = build_model(self.model_name, self.input_shape, self.num_classes, self.model_kwargs)
+        """The network at the last iterate (parameters and buffers), in eval mode.
+
+        The throw-away random initialisation draws from a forked stream, so
+        building a model never shifts the caller's random numbers.
+        """
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(
+                self.model_name, self.input_shape, self.num_classes, self.model_kwargs
+            )
         load_theta(model, self.theta, self.buffers)
         return model.to(device).eval()
 

@@ -6,9 +6,11 @@ from pathlib import Path
 
 from _common import RUNS, main, params, raw_params, tracked
 
-from bayesavg.report import PredictorResult, ReportInputs, write_report
+from bayesavg.config import Params
+from bayesavg.report import PlaneData, PredictorResult, ReportInputs, pair_predictors, write_report
 
 OUT = Path("reports")
+PLANES = Path("plots/plane")
 
 
 def _csv(path: Path) -> list[dict[str, float]]:
@@ -16,13 +18,39 @@ def _csv(path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def _pairs(predictors: dict) -> list[tuple[str, str]]:
-    """Each flat-seeking predictor beside its baseline, and HWA variants beside vi."""
-    pairs = [
-        (name[1:], name) for name in predictors if name.startswith("f") and name[1:] in predictors
-    ]
-    pairs += [("vi", name) for name in predictors if name.startswith("hwa") and "vi" in predictors]
-    return pairs
+def _cell(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _table(path: Path) -> list[dict[str, float | str]]:
+    """CSV rows with numbers as floats and anything else (a row's kind) kept as text."""
+    with path.open(newline="") as f:
+        return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _pairs(p: Params) -> list[tuple[str, str]]:
+    """F-variants beside their baseline, HWA beside the VI it starts from."""
+    return pair_predictors(
+        {name: (pred.method, pred.trajectory) for name, pred in p.evaluate.predictors.items()},
+        {name: traj.start for name, traj in p.finetune.items()},
+    )
+
+
+def _planes(p: Params) -> dict[str, PlaneData]:
+    """The loss planes of the listed trajectories that the plane stage has written."""
+    planes = {}
+    for name in p.evaluate.plane.trajectories:
+        folder = PLANES / name
+        if (folder / "grid.csv").is_file():
+            planes[name] = PlaneData(
+                grid=_csv(folder / "grid.csv"),
+                path=_table(folder / "path.csv"),
+                summary=json.loads((folder / "summary.json").read_text()),
+            )
+    return planes
 
 
 def run() -> None:
@@ -55,7 +83,8 @@ def run() -> None:
         run_ids=run_ids,
         baseline="map" if "map" in p.evaluate.predictors else next(iter(p.evaluate.predictors)),
         notes=p.report.notes,
-        pairs=_pairs(p.evaluate.predictors),
+        pairs=_pairs(p),
+        planes=_planes(p),
         dataset_summary={
             "dataset": manifest["dataset"],
             **{s: manifest["splits"][s]["n"] for s in ("train", "val", "test")},

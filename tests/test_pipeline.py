@@ -29,7 +29,9 @@ STAGES = {
     "report",
     *(f"finetune@{t}" for t in PARAMS["finetune"]),
     *(f"evaluate@{p}" for p in PARAMS["evaluate"]["predictors"]),
+    *(f"plane@{t}" for t in PARAMS["evaluate"]["plane"]["trajectories"]),
 }
+ENSEMBLE_MEMBERS = 2
 
 
 def tiny_params() -> dict[str, Any]:
@@ -44,7 +46,10 @@ def tiny_params() -> dict[str, Any]:
         traj["schedule"]["cycle_length"] = 4
         if "collect" in traj:
             traj["collect"] = {"start_epoch": 0, "every": 4, "max_rank": 5}
+        if "members" in traj:
+            traj["members"] = ENSEMBLE_MEMBERS
     raw["evaluate"]["n_samples"] = 3
+    raw["evaluate"]["plane"].update(grid=5, n_points=200)
     return raw
 
 
@@ -109,7 +114,10 @@ def test_outputs(repo: Path) -> None:
         assert {"accuracy", "nll", "ece", "ece15", "brier", "n"} <= set(metrics)
         assert metrics["n"] == 1000
         assert 0.5 < metrics["accuracy"] <= 1
-        assert metrics["n_samples"] == (1 if pred in ("map", "swa", "fswa") else 3)
+        method = PARAMS["evaluate"]["predictors"][pred]["method"]
+        expected = {"map": 1, "swa": 1, "ensemble": ENSEMBLE_MEMBERS}.get(method, 3)
+        assert metrics["n_samples"] == expected, pred
+        assert math.isfinite(metrics["sharpness"]) and math.isfinite(metrics["hessian_trace"])
         assert metrics["val"]["n"] == n_val
         rel = (repo / "plots/reliability" / f"{pred}.csv").read_text().splitlines()
         assert rel[0].startswith("bin,lower,upper,confidence,accuracy,gap,count")
@@ -117,6 +125,16 @@ def test_outputs(repo: Path) -> None:
         assert sum(int(line.split(",")[-1]) for line in rel[1:]) == 1000
         samples = (repo / "plots/samples" / f"{pred}.csv").read_text().splitlines()
         assert len(samples) == 1 + metrics["n_samples"]
+    for traj in PARAMS["evaluate"]["plane"]["trajectories"]:
+        grid = (repo / "plots/plane" / traj / "grid.csv").read_text().splitlines()
+        assert len(grid) == 1 + 5 * 5
+    for name, traj in PARAMS["finetune"].items():
+        history = (repo / "plots/finetune" / f"{name}.csv").read_text().splitlines()
+        assert "test_accuracy" in history[0].split(",")
+        assert len(history) == 1 + 2
+        if traj.get("kind") == "ensemble":
+            post = torch.load(repo / "models" / name / "posterior.pt", weights_only=True)
+            assert post["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
     sha = (repo / "models/pretrain/posterior.sha256").read_text().split()[0]
     from bayesavg.io import sha256_file
 

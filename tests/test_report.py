@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import re
 from pathlib import Path
 
 import pytest
 
-from bayesavg.report import PredictorResult, ReportInputs, comparison_lines, write_report
+from bayesavg.report import (
+    PAIRS_NOTE,
+    PlaneData,
+    PredictorResult,
+    ReportInputs,
+    _epoch_offset,
+    _finetune_curves_figure,
+    _plane_grid,
+    claim_sections,
+    comparison_lines,
+    pair_predictors,
+    write_report,
+)
 
 PNG_MAGIC = b"\x89PNG"
 FIGURES = ("reliability", "samples", "training")
+NEW_FIGURES = ("finetune_curves", "loss_plane")
 
 
 def _reliability(shift: float) -> list[dict[str, float]]:
@@ -37,7 +51,14 @@ def _reliability(shift: float) -> list[dict[str, float]]:
     return rows
 
 
-def _predictor(name: str, scale: float, metrics: dict[str, float], samples: int) -> PredictorResult:
+def _predictor(
+    name: str,
+    scale: float,
+    metrics: dict[str, float],
+    samples: int,
+    method: str | None = None,
+    trajectory: str = "swag",
+) -> PredictorResult:
     by_samples = [
         {
             "samples": s,
@@ -51,7 +72,9 @@ def _predictor(name: str, scale: float, metrics: dict[str, float], samples: int)
     ]
     full = {**metrics, "n": 1000.0, "n_samples": float(samples)}
     shift = 0.01 * len(name)
-    return PredictorResult(name, name, "swag", scale, full, _reliability(shift), by_samples)
+    return PredictorResult(
+        name, method or name, trajectory, scale, full, _reliability(shift), by_samples
+    )
 
 
 def _history(epochs: int, start_loss: float) -> list[dict[str, float]]:
@@ -197,3 +220,258 @@ def test_writing_twice_is_byte_identical(inputs: ReportInputs, written: dict[str
     for name, data in before.items():
         assert again[name].read_bytes() == data
     assert not [p for p in written["md"].parent.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_pair_predictors_by_name_and_hwa_to_the_vi_it_starts_from() -> None:
+    predictors = {
+        "map": ("map", "sgd"),
+        "swa": ("swa", "swag"),
+        "swag_diag": ("swag_diag", "swag"),
+        "swag": ("swag", "swag"),
+        "fswa": ("swa", "fswag"),
+        "fswag_diag": ("swag_diag", "fswag"),
+        "fswag": ("swag", "fswag"),
+        "vi": ("vi", "vi"),
+        "fvi": ("vi", "fvi"),
+        "hwa": ("hwa", "hwa"),
+        "hwa_mf": ("hwa_mf", "hwa"),
+        "hwa_rho": ("hwa_rho", "hwa"),
+        "fhwa": ("hwa", "fhwa"),
+        "mc_dropout": ("mc_dropout", "dropout"),
+        "f_mc_dropout": ("mc_dropout", "fdropout"),
+        "ensemble": ("ensemble", "ens"),
+        "f_ensemble": ("ensemble", "fens"),
+        "sgld": ("sgld", "sgld"),
+        "f_sgld": ("sgld", "fsgld"),
+        "full": ("map", "sgd"),  # starts with f, but "ull" is no predictor
+    }
+    starts = {"hwa": "vi", "fhwa": "fvi", "vi": "pretrain", "fvi": "pretrain", "sgd": "pretrain"}
+    assert pair_predictors(predictors, starts) == [
+        ("swa", "fswa"),
+        ("swag_diag", "fswag_diag"),
+        ("swag", "fswag"),
+        ("vi", "fvi"),
+        ("vi", "hwa"),
+        ("vi", "hwa_mf"),
+        ("vi", "hwa_rho"),
+        ("hwa", "fhwa"),
+        ("fvi", "fhwa"),
+        ("mc_dropout", "f_mc_dropout"),
+        ("ensemble", "f_ensemble"),
+        ("sgld", "f_sgld"),
+    ]
+    # An hwa predictor on a trajectory that starts from pretrain has no vi to face.
+    assert pair_predictors({"hwa": ("hwa", "hwa"), "vi": ("vi", "vi")}, {"hwa": "pretrain"}) == []
+
+
+def _pair_inputs() -> ReportInputs:
+    """swag vs fswag and vi vs hwa with known wins, losses and a tie."""
+    base = {"ece15": 0.02, "hessian_trace": 100.0}
+    swag = {"accuracy": 0.97, "nll": 0.12, "ece": 0.02, "brier": 0.04, "sharpness": 0.30}
+    # fswag: worse accuracy, better NLL, worse ECE, tied Brier, better sharpness and tr(H).
+    fswag = {"accuracy": 0.965, "nll": 0.10, "ece": 0.025, "brier": 0.04, "sharpness": 0.20}
+    vi = {"accuracy": 0.95, "nll": 0.20, "ece": 0.010, "brier": 0.08, "sharpness": 0.5}
+    # hwa: better accuracy and NLL, worse ECE; its sharpness is missing.
+    hwa = {"accuracy": 0.96, "nll": 0.15, "ece": 0.015, "brier": 0.06}
+    return dataclasses.replace(
+        _inputs(),
+        predictors=[
+            _predictor("swag", 0.5, {**base, **swag}, 3),
+            _predictor("fswag", 0.5, {**base, **fswag, "hessian_trace": 50.0}, 3, "swag", "fswag"),
+            _predictor("vi", 0.0, {**base, **vi}, 3, "vi", "vi"),
+            _predictor("hwa", 0.5, {**base, **hwa, "hessian_trace": math.nan}, 3, "hwa", "hwa"),
+        ],
+        baseline="swag",
+        pairs=[("swag", "fswag"), ("vi", "hwa")],
+    )
+
+
+def _row(md: str, first: str, second: str) -> list[str]:
+    match = re.search(rf"^\| {first} \| {second} \| (.*) \|$", md, re.M)
+    assert match, (first, second)
+    return match[1].split(" | ")
+
+
+def test_claims_count_wins_and_not_ties() -> None:
+    sections = dict(claim_sections(_pair_inputs()))
+    assert list(sections) == ["HWA vs VI", "Flat-seeking variants vs their baselines"]
+    (flat,) = sections["Flat-seeking variants vs their baselines"]
+    assert flat.startswith(
+        "fswag beats swag on 2 of 5 (NLL, sharpness); not on accuracy, ECE, Brier (tied): "
+    )
+    assert "accuracy 96.50% vs 97.00% (-0.50 pp)" in flat
+    assert "NLL 0.1000 vs 0.1200 (-0.0200)" in flat and "sharpness 0.2000 vs 0.3000" in flat
+    assert "tr(H)" not in flat  # not one of the claimed metrics
+    (hwa,) = sections["HWA vs VI"]
+    assert hwa.startswith("hwa beats vi on 2 of 3 (accuracy, NLL); not on ECE: ")
+    assert "accuracy 96.00% vs 95.00% (+1.00 pp)" in hwa and "Brier" not in hwa
+    # The same pair judged on the F-variant metric set: sharpness is missing, not a loss.
+    (other,) = dict(claim_sections(dataclasses.replace(_pair_inputs(), pairs=[("hwa", "vi")])))[
+        "Other pairs"
+    ]
+    assert other.startswith("vi beats hwa on 1 of 4 (ECE); not on accuracy, NLL, Brier; ")
+    assert "not compared on sharpness (missing)" in other
+
+
+def test_grouped_table_has_deltas_signs_and_bold_improvements(tmp_path: Path) -> None:
+    paths = write_report(_pair_inputs(), tmp_path)
+    md = paths["md"].read_text(encoding="utf-8")
+    page = paths["html"].read_text(encoding="utf-8")
+    section = md.split("## Baselines and their counterparts")[1].split("## Findings")[0]
+    assert PAIRS_NOTE in section
+    assert _row(section, "swag", "reference") == [
+        "97.00",
+        "0.1200",
+        "0.0200",
+        "0.0400",
+        "0.3000",
+        "100",
+    ]
+    assert _row(section, "fswag", "vs swag") == [
+        "96.50 (-0.50)",
+        "**0.1000 (-0.0200)**",
+        "0.0250 (+0.0050)",
+        "0.0400 (+0.0000)",
+        "**0.2000 (-0.1000)**",
+        "**50 (-50)**",
+    ]
+    assert _row(section, "hwa", "vs vi") == [
+        "**96.00 (+1.00)**",
+        "**0.1500 (-0.0500)**",
+        "0.0150 (+0.0050)",
+        "**0.0600 (-0.0200)**",
+        "n/a",
+        "n/a",
+    ]
+    # Each reference is directly followed by its counterpart.
+    rows = re.findall(r"^\| (\w+) \| (reference|vs \w+) \|", section, re.M)
+    expected = [("swag", "reference"), ("fswag", "vs swag"), ("vi", "reference"), ("hwa", "vs vi")]
+    assert rows == expected
+    assert "<td><strong>0.1000 (-0.0200)</strong></td>" in page
+    assert "<td>96.50 (-0.50)</td>" in page
+    claims = md.split("## Claims as found")[1].split("## Figure")[0]
+    for _, lines in claim_sections(_pair_inputs()):
+        for line in lines:
+            assert f"- {line}" in claims
+            assert f"<li>{line}</li>" in page
+
+
+def test_no_pairs_says_so(written: dict[str, Path]) -> None:
+    md = written["md"].read_text(encoding="utf-8")
+    section = md.split("## Baselines and their counterparts")[1].split("## Findings")[0]
+    assert "No baseline/counterpart pairs" in section and "|" not in section
+    assert "No baseline/counterpart pairs" in md.split("## Claims as found")[1]
+
+
+def _vi_history(epochs: int, start_acc: float) -> list[dict[str, float]]:
+    rows = []
+    for e in range(1, epochs + 1):
+        row = {**_history(epochs, 1.0)[e - 1], "test_loss": 0.2 / e}
+        row["test_accuracy"] = start_acc + 0.002 * e
+        row["avg_test_loss"] = math.nan if e == 1 else 0.18 / e
+        row["avg_test_accuracy"] = math.nan if e == 1 else start_acc + 0.004 * e
+        rows.append(row)
+    return rows
+
+
+def _plane(scale: float, start: str) -> PlaneData:
+    axis = [scale * (i - 2) for i in range(7)]
+    grid = [
+        {"a": a, "b": b, "loss": 0.01 + 30 * (a * a + b * b), "accuracy": 0.9}
+        for a in axis
+        for b in axis
+    ]
+    path = [
+        {"kind": "start", "index": 0.0, "a": -1.5 * scale, "b": 0.5 * scale, "distance": 2.5},
+        *(
+            {"kind": "snapshot", "index": float(i), "a": scale * (i - 4) / 2, "b": scale * i / 10}
+            for i in range(3, 7)
+        ),
+        {"kind": "average", "index": 0.0, "a": 0.0, "b": 0.0, "distance": 0.0},
+    ]
+    for row in path:
+        row.setdefault("distance", 0.3)
+        row["loss"], row["accuracy"] = 0.01 + row["a"] ** 2, 0.9
+    summary = {"start": start, "n_points": 1000, "n_collected": 6, "n_snapshots": 4}
+    return PlaneData(grid, path, {**summary, "explained_variance_ratio": [0.6, 0.25]})
+
+
+def _full_inputs() -> ReportInputs:
+    """The pair case plus VI-family histories with test columns and two loss planes."""
+    finetune = {
+        "vi": {"kind": "vi", "start": "pretrain", "epochs": 3},
+        "hwa": {"kind": "hwa", "start": "vi", "epochs": 2},
+        "swag": {"kind": "sgd", "start": "pretrain", "epochs": 2},
+    }
+    histories = {
+        "pretrain": _history(3, 1.0),
+        "swag": _history(2, 0.3),
+        "vi": _vi_history(3, 0.95),
+        "hwa": _vi_history(2, 0.96),
+    }
+    return dataclasses.replace(
+        _pair_inputs(),
+        params={"finetune": finetune},
+        histories=histories,
+        planes={"hwa": _plane(1.0, "vi"), "swag": _plane(0.001, "pretrain")},
+    )
+
+
+@pytest.fixture(scope="module")
+def written_full(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_report(_full_inputs(), tmp_path_factory.mktemp("report_full") / "out")
+
+
+def test_new_figures_appear_with_their_data(written_full: dict[str, Path]) -> None:
+    assert set(written_full) == {"html", "md", *FIGURES, *NEW_FIGURES}
+    md = written_full["md"].read_text(encoding="utf-8")
+    page = written_full["html"].read_text(encoding="utf-8")
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == 5
+    for name in NEW_FIGURES:
+        assert f"![{name}](figures/{name}.png)" in md
+        assert written_full[name].read_bytes().startswith(PNG_MAGIC)
+    assert "not used for any choice" in md
+
+
+def test_new_figures_absent_without_their_data(written: dict[str, Path]) -> None:
+    md = written["md"].read_text(encoding="utf-8")
+    for name in NEW_FIGURES:
+        assert name not in written and f"figures/{name}.png" not in md
+        assert not (written["md"].parent / "figures" / f"{name}.png").exists()
+    full = _full_inputs()
+    # Old histories (no per-epoch test columns) give no figure rather than an empty one.
+    old = {
+        name: [{k: v for k, v in r.items() if "test" not in k} for r in rows]
+        for name, rows in full.histories.items()
+    }
+    assert _finetune_curves_figure(dataclasses.replace(full, histories=old)) is None
+    # Test columns on a non-VI trajectory only: not a VI-family curve.
+    params = {"finetune": {"vi": {"kind": "sgd", "start": "pretrain"}, "hwa": {"kind": "sgd"}}}
+    assert _finetune_curves_figure(dataclasses.replace(full, params=params)) is None
+    assert _finetune_curves_figure(full) is not None
+
+
+def test_continuing_trajectories_start_after_their_origin() -> None:
+    full = _full_inputs()
+    finetune = full.params["finetune"]
+    assert _epoch_offset("vi", finetune, full.histories) == 0
+    assert _epoch_offset("hwa", finetune, full.histories) == 3  # vi's last epoch
+    without = {k: v for k, v in full.histories.items() if k != "vi"}
+    finetune = {**finetune, "vi": {**finetune["vi"], "epochs": 7}}
+    assert _epoch_offset("hwa", finetune, without) == 7  # falls back on vi's epochs
+
+
+def test_plane_grid_is_placed_by_coordinates_not_row_order() -> None:
+    plane = _plane(1.0, "vi")
+    a_values, b_values, z = _plane_grid(list(reversed(plane.grid)))
+    assert a_values == b_values == [float(i - 2) for i in range(7)]
+    for row in plane.grid:
+        assert z[b_values.index(row["b"]), a_values.index(row["a"])] == row["loss"]
+
+
+def test_full_report_is_byte_identical(written_full: dict[str, Path]) -> None:
+    before = {name: path.read_bytes() for name, path in written_full.items()}
+    again = write_report(_full_inputs(), written_full["md"].parent)
+    assert again == written_full
+    for name, data in before.items():
+        assert again[name].read_bytes() == data

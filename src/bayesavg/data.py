@@ -17,9 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torchvision
 from PIL import Image, UnidentifiedImageError
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from .errors import UserError
 from .io import save_torch, sha256_file, write_json
@@ -100,12 +98,23 @@ def _mnist5k(raw_dir: Path) -> Source:
     return Source(Split(x, y), None, 10)
 
 
-_TORCHVISION: dict[str, tuple[type, int]] = {
-    "mnist": (torchvision.datasets.MNIST, 10),
-    "fashion_mnist": (torchvision.datasets.FashionMNIST, 10),
-    "cifar10": (torchvision.datasets.CIFAR10, 10),
-    "cifar100": (torchvision.datasets.CIFAR100, 100),
+# Dataset class name in torchvision.datasets and class count. torchvision is
+# imported only when one is used: importing it costs ~2 s (it pulls in
+# torch._dynamo), which every pipeline stage would otherwise pay.
+_TORCHVISION: dict[str, tuple[str, int]] = {
+    "mnist": ("MNIST", 10),
+    "fashion_mnist": ("FashionMNIST", 10),
+    "cifar10": ("CIFAR10", 10),
+    "cifar100": ("CIFAR100", 100),
 }
+
+
+def torchvision_dataset(name: str) -> tuple[type, int]:
+    """The torchvision dataset class for a registry name, and its class count."""
+    import torchvision.datasets
+
+    cls_name, num_classes = _TORCHVISION[name]
+    return getattr(torchvision.datasets, cls_name), num_classes
 
 
 def _download_hint(cls: type, raw_dir: Path) -> str:
@@ -127,7 +136,7 @@ def _torchvision_split(dataset: Any) -> Split:
 
 
 def _torchvision(name: str, raw_dir: Path) -> Source:
-    cls, num_classes = _TORCHVISION[name]
+    cls, num_classes = torchvision_dataset(name)
     splits = []
     for train in (True, False):
         try:
@@ -163,6 +172,8 @@ def load_imagefolder(
         raise UserError(
             f"imagefolder: class folders in {root} must be 0..{len(labels) - 1}, got {names}"
         )
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
     samples = make_dataset(
         str(root), {n: int(n) for n in names}, extensions=IMG_EXTENSIONS, allow_empty=True
     )

@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchvision.models.vgg import cfgs as vgg_cfgs
-from torchvision.models.vgg import make_layers
 
 from .errors import UserError
 
@@ -67,6 +65,9 @@ def lenet5(in_shape: tuple[int, int, int], num_classes: int, dropout: float = 0.
 
 def vgg16_bn(in_shape: tuple[int, int, int], num_classes: int, dropout: float = 0.5) -> nn.Module:
     """VGG16 with BatchNorm, CIFAR classifier (512-512-C with dropout 0.5) as in SWAG."""
+    from torchvision.models.vgg import cfgs as vgg_cfgs  # imported here: it costs ~2 s
+    from torchvision.models.vgg import make_layers
+
     channels, height, width = in_shape
     if height % 32 or width % 32:
         raise UserError(f"vgg16_bn needs image sides divisible by 32, got {height}x{width}")

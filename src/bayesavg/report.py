@@ -16,15 +16,17 @@ import html
 import io
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 import yaml
+from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import LogLocator, MaxNLocator
 
 from .io import write_bytes, write_text
 
@@ -43,8 +45,28 @@ class PredictorResult:
 
 
 @dataclass(frozen=True)
+class PlaneData:
+    """One trajectory's loss plane, as the plane stage writes it (see ``bayesavg.plane``).
+
+    ``grid`` rows: a, b, loss, accuracy. ``path`` rows: kind (snapshot,
+    average, start), index, a, b, distance, loss, accuracy. ``summary``:
+    at least explained_variance_ratio (two shares); start, n_points,
+    n_snapshots, n_collected when known.
+    """
+
+    grid: list[dict[str, float]]
+    path: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class ReportInputs:
-    """All report content; ``predictors`` are listed in table order."""
+    """All report content; ``predictors`` are listed in table order.
+
+    ``histories`` may carry per-epoch test columns (test_loss, test_accuracy
+    and, for averaging runs, avg_test_loss, avg_test_accuracy); ``planes``
+    maps a trajectory to its loss plane. Figures without data are left out.
+    """
 
     title: str
     predictors: list[PredictorResult]
@@ -55,6 +77,7 @@ class ReportInputs:
     notes: str = ""
     dataset_summary: dict[str, Any] = field(default_factory=dict)
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (reference, candidate)
+    planes: dict[str, PlaneData] = field(default_factory=dict)
 
 
 # (metric key, label, higher is better) for the findings.
@@ -83,6 +106,9 @@ _METHODS = {
     "hwa": "HWA, moment-matched mixture of the averaged Gaussians",
     "hwa_mf": "HWA with averaged mean-field hyperparameters",
     "hwa_rho": "HWA averaged in rho-space",
+    "mc_dropout": "MC dropout: S stochastic passes with dropout on",
+    "ensemble": "deep ensemble of M independently pretrained and fine-tuned members",
+    "sgld": "SGLD samples along the chain after burn-in",
 }
 _COLOURS = matplotlib.colormaps["tab10"].colors
 _CSS = (
@@ -139,6 +165,154 @@ def _compare(p: PredictorResult, base: PredictorResult) -> list[str]:
             values = f"{ours:.4f} vs {theirs:.4f} ({ours - theirs:+.4f})"
         lines.append(f"{p.name} {verdict} {label} over {base.name}: {values}")
     return lines
+
+
+def pair_predictors(
+    predictors: Mapping[str, tuple[str, str]], starts: Mapping[str, str]
+) -> list[tuple[str, str]]:
+    """(reference, candidate) pairs: each F-variant beside its baseline, HWA beside VI.
+
+    ``predictors`` maps a name to (method, trajectory), ``starts`` a
+    trajectory to the one it starts from. ``f<base>`` or ``f_<base>`` pairs
+    with ``<base>`` by name; a predictor whose method starts with ``hwa``
+    pairs with each ``vi`` predictor on its trajectory's start trajectory
+    (the VI solution HWA continues from). Candidates keep the given order.
+    """
+    pairs: list[tuple[str, str]] = []
+    for name, (method, trajectory) in predictors.items():
+        base = name[2:] if name.startswith("f_") else name[1:] if name.startswith("f") else ""
+        found = [base] if base in predictors and base != name else []
+        if method.startswith("hwa"):
+            origin = starts.get(trajectory)
+            found += [o for o, (m, t) in predictors.items() if m == "vi" and t == origin]
+        pairs += [(ref, name) for ref in found if (ref, name) not in pairs]
+    return pairs
+
+
+# (metric key, label, higher is better, value format, delta format) for pair comparisons.
+_DELTAS: list[tuple[str, str, bool, Callable[[float], str], Callable[[float], str]]] = [
+    ("accuracy", "accuracy", True, lambda v: f"{100 * v:.2f}", lambda d: f"{100 * d:+.2f}"),
+    ("nll", "NLL", False, lambda v: f"{v:.4f}", lambda d: f"{d:+.4f}"),
+    ("ece", "ECE", False, lambda v: f"{v:.4f}", lambda d: f"{d:+.4f}"),
+    ("brier", "Brier", False, lambda v: f"{v:.4f}", lambda d: f"{d:+.4f}"),
+    ("sharpness", "sharpness", False, lambda v: f"{v:.4f}", lambda d: f"{d:+.4f}"),
+    ("hessian_trace", "tr(H)", False, lambda v: f"{v:.3g}", lambda d: f"{d:+.3g}"),
+]
+_PAIR_HEADERS = {
+    "accuracy": "Accuracy (%) [Δ pp]",
+    "nll": "NLL [Δ]",
+    "ece": "ECE [Δ]",
+    "brier": "Brier [Δ]",
+    "sharpness": "Sharpness (SAM) [Δ]",
+    "hessian_trace": "tr(H) [Δ]",
+}
+PAIRS_NOTE = (
+    "Each reference predictor is followed by its counterparts. A counterpart's cell is "
+    "its value and, in brackets, Δ = counterpart - reference (accuracy in percentage "
+    "points). Bold: the counterpart is better (higher accuracy; lower NLL, ECE, Brier, "
+    "sharpness, tr(H)); a tie is not bold."
+)
+NO_PAIRS = "No baseline/counterpart pairs among the predictors."
+_HWA_CLAIMED = ("accuracy", "nll", "ece")
+_F_CLAIMED = ("accuracy", "nll", "ece", "brier", "sharpness")
+
+
+def _valid_pairs(inputs: ReportInputs) -> list[tuple[PredictorResult, PredictorResult]]:
+    by_name = {p.name: p for p in inputs.predictors}
+    return [
+        (by_name[r], by_name[c])
+        for r, c in inputs.pairs
+        if r in by_name and c in by_name and r != c
+    ]
+
+
+def _better(key: str, ours: float, theirs: float) -> bool:
+    higher = next(h for k, _, h, _, _ in _DELTAS if k == key)
+    return ours > theirs if higher else ours < theirs
+
+
+def _pairs_table(inputs: ReportInputs) -> Table | None:
+    """References in table order, each followed by its counterparts with deltas."""
+    pairs = _valid_pairs(inputs)
+    if not pairs:
+        return None
+    order = [p.name for p in inputs.predictors]
+    references = sorted({r.name for r, _ in pairs}, key=order.index)
+    header = ["Predictor", "Role", *(_PAIR_HEADERS[k] for k, *_ in _DELTAS)]
+    rows: list[list[Cell]] = []
+    for ref_name in references:
+        ref = next(r for r, _ in pairs if r.name == ref_name)
+        row: list[Cell] = [(ref.name, False), ("reference", False)]
+        for key, _, _, fmt, _ in _DELTAS:
+            v = _metric(ref, key)
+            row.append((fmt(v) if math.isfinite(v) else "n/a", False))
+        rows.append(row)
+        for _, cand in sorted(
+            (pair for pair in pairs if pair[0].name == ref_name),
+            key=lambda p: order.index(p[1].name),
+        ):
+            row = [(cand.name, False), (f"vs {ref.name}", False)]
+            for key, _, _, fmt, dfmt in _DELTAS:
+                ours, theirs = _metric(cand, key), _metric(ref, key)
+                if not math.isfinite(ours):
+                    row.append(("n/a", False))
+                elif not math.isfinite(theirs):
+                    row.append((f"{fmt(ours)} (n/a)", False))
+                else:
+                    cell = f"{fmt(ours)} ({dfmt(ours - theirs)})"
+                    row.append((cell, _better(key, ours, theirs)))
+            rows.append(row)
+    return header, rows
+
+
+def _claim(cand: PredictorResult, ref: PredictorResult, keys: tuple[str, ...]) -> str:
+    """Win count of ``cand`` over ``ref`` on ``keys``, with the numbers; ties are not wins."""
+    wins, losses, missing, values = [], [], [], []
+    for key, label, _, fmt, dfmt in _DELTAS:
+        if key not in keys:
+            continue
+        ours, theirs = _metric(cand, key), _metric(ref, key)
+        if not (math.isfinite(ours) and math.isfinite(theirs)):
+            missing.append(label)
+            continue
+        if _better(key, ours, theirs):
+            wins.append(label)
+        else:
+            losses.append(label + (" (tied)" if ours == theirs else ""))
+        unit = "%" if key == "accuracy" else ""
+        delta = dfmt(ours - theirs) + (" pp" if key == "accuracy" else "")
+        values.append(f"{label} {fmt(ours)}{unit} vs {fmt(theirs)}{unit} ({delta})")
+    compared = len(wins) + len(losses)
+    if not compared:
+        return f"{cand.name} cannot be compared with {ref.name}: {', '.join(missing)} missing"
+    text = f"{cand.name} beats {ref.name} on {len(wins)} of {compared}"
+    text += f" ({', '.join(wins)})" if wins else ""
+    text += f"; not on {', '.join(losses)}" if losses else ""
+    text += f"; not compared on {', '.join(missing)} (missing)" if missing else ""
+    return f"{text}: {', '.join(values)}"
+
+
+def claim_sections(inputs: ReportInputs) -> list[tuple[str, list[str]]]:
+    """Claims computed from the numbers, by kind of pair; empty kinds are left out.
+
+    HWA vs VI on accuracy, NLL and ECE (each hwa-method predictor against its
+    vi); each F-variant against its baseline on accuracy, NLL, ECE, Brier and
+    sharpness; any other given pair on the latter set too.
+    """
+    hwa, flat, other = [], [], []
+    for ref, cand in _valid_pairs(inputs):
+        if cand.method.startswith("hwa") and ref.method == "vi":
+            hwa.append(_claim(cand, ref, _HWA_CLAIMED))
+        elif cand.name in (f"f{ref.name}", f"f_{ref.name}"):
+            flat.append(_claim(cand, ref, _F_CLAIMED))
+        else:
+            other.append(_claim(cand, ref, _F_CLAIMED))
+    sections = [
+        ("HWA vs VI", hwa),
+        ("Flat-seeking variants vs their baselines", flat),
+        ("Other pairs", other),
+    ]
+    return [(title, lines) for title, lines in sections if lines]
 
 
 def _kl_weight(params: dict[str, Any], trajectory: str) -> float:
@@ -277,10 +451,187 @@ def _training_figure(histories: dict[str, list[dict[str, float]]]) -> bytes:
     return _png(fig)
 
 
+def _trajectories(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Trajectory sections of the raw params that are mappings."""
+    finetune = params.get("finetune", {})
+    return (
+        {k: v for k, v in finetune.items() if isinstance(v, dict)}
+        if isinstance(finetune, dict)
+        else {}
+    )
+
+
+def _epoch_offset(
+    name: str, trajectories: dict[str, dict[str, Any]], histories: dict[str, list[dict[str, float]]]
+) -> float:
+    """Epochs before ``name`` starts, counted from the end of pretraining."""
+    offset, seen = 0.0, {name}
+    start = trajectories.get(name, {}).get("start", "pretrain")
+    while start in trajectories and start not in seen:
+        rows = histories.get(start, [])
+        offset += max((r["epoch"] for r in rows), default=trajectories[start].get("epochs", 0))
+        seen.add(start)
+        start = trajectories[start].get("start", "pretrain")
+    return offset
+
+
+def _finetune_curves_figure(inputs: ReportInputs) -> bytes | None:
+    """VI-family runs after pretraining: iterate solid, running average dashed.
+
+    None when no VI-family history has per-epoch test columns (older runs).
+    """
+    trajectories = _trajectories(inputs.params)
+    names = [
+        n
+        for n, t in trajectories.items()
+        if t.get("kind") in ("vi", "hwa")
+        and any("test_accuracy" in r for r in inputs.histories.get(n, []))
+    ]
+    if not names:
+        return None
+    fig = Figure(figsize=(13, 4), layout="constrained")
+    axes = fig.subplots(1, 3)
+    panels = [
+        ("train_loss", None, "Training loss", "negative ELBO per point", 1.0),
+        ("test_loss", "avg_test_loss", "Test NLL", "NLL", 1.0),
+        ("test_accuracy", "avg_test_accuracy", "Test accuracy", "accuracy (%)", 100.0),
+    ]
+    for i, name in enumerate(names):
+        colour = _COLOURS[i % len(_COLOURS)]
+        shift = _epoch_offset(name, trajectories, inputs.histories)
+        rows = inputs.histories[name]
+        for ax, (key, avg_key, _, _, factor) in zip(axes, panels, strict=True):
+            for column, style, label in ((key, "-", name), (avg_key, "--", f"{name} average")):
+                points = [
+                    (shift + r["epoch"], factor * r[column])
+                    for r in rows
+                    if column is not None and column in r and math.isfinite(r[column])
+                ]
+                if points:
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(xs, ys, style, color=colour, marker=".", label=label)
+    for ax, (_, _, title, label, _) in zip(axes, panels, strict=True):
+        ax.set(xlabel="epochs since the end of pretraining", ylabel=label, title=title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if ax.lines:
+            ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def _plane_grid(grid: list[dict[str, float]]) -> tuple[list[float], list[float], np.ndarray]:
+    """Axis values and the loss as a (b, a) array; missing or non-finite cells masked."""
+    a_values = sorted({r["a"] for r in grid})
+    b_values = sorted({r["b"] for r in grid})
+    col = {v: i for i, v in enumerate(a_values)}
+    line = {v: i for i, v in enumerate(b_values)}
+    z = np.full((len(b_values), len(a_values)), np.nan)
+    for r in grid:
+        z[line[r["b"]], col[r["a"]]] = r["loss"]
+    return a_values, b_values, z
+
+
+def _plane_panel(fig: Figure, ax: Any, name: str, plane: PlaneData) -> None:
+    a_values, b_values, z = _plane_grid(plane.grid)
+    finite = z[np.isfinite(z)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    log = lo > 0 and hi / lo > 10
+    if hi <= lo:
+        hi = lo + max(abs(lo), 1.0) * 1e-3
+    levels = np.geomspace(lo, hi, 16) if log else np.linspace(lo, hi, 16)
+    filled = ax.contourf(
+        a_values,
+        b_values,
+        np.ma.masked_invalid(z),
+        levels=levels,
+        norm=LogNorm(lo, hi) if log else None,
+        cmap="viridis",
+    )
+    bar = fig.colorbar(filled, ax=ax, label="training loss" + (" (log scale)" if log else ""))
+    if log:
+        bar.ax.yaxis.set_major_locator(LogLocator())
+    snaps = sorted((r for r in plane.path if r["kind"] == "snapshot"), key=lambda r: r["index"])
+    summary = plane.summary
+    if snaps:
+        n = summary.get("n_collected")
+        label = f"snapshots {int(snaps[0]['index'])}..{int(snaps[-1]['index'])}"
+        label += f" of {int(n)}" if n is not None else ""
+        ax.plot(
+            [r["a"] for r in snaps],
+            [r["b"] for r in snaps],
+            "-o",
+            color="white",
+            mec="black",
+            ms=5,
+            lw=1,
+            label=label,
+        )
+        for r in (snaps[0], snaps[-1]):
+            ax.annotate(
+                str(int(r["index"])),
+                (r["a"], r["b"]),
+                xytext=(4, 4),
+                textcoords="offset points",
+                fontsize="small",
+                color="white",
+            )
+    for r in plane.path:
+        if r["kind"] == "average":
+            label = f"average (loss {r['loss']:.3g})"
+            ax.plot(r["a"], r["b"], "*", ms=15, color="red", mec="black", label=label)
+        elif r["kind"] == "start":
+            origin = summary.get("start")
+            label = "start" + (f" {origin}" if origin else "") + f" (loss {r['loss']:.3g}), "
+            label += f"{r['distance']:.3g} off the plane"
+            ax.plot(r["a"], r["b"], "X", ms=10, color="orange", mec="black", label=label)
+    ratio = summary.get("explained_variance_ratio", [math.nan, math.nan])
+    points = summary.get("n_points")
+    title = f"{name}: training loss" + (f" on {int(points)} images" if points else "")
+    ax.set(
+        xlabel=f"PC1 ({100 * ratio[0]:.1f}% of snapshot variance)",
+        ylabel=f"PC2 ({100 * ratio[1]:.1f}% of snapshot variance)",
+        title=title,
+    )
+    ax.legend(fontsize="small")
+
+
+def _plane_figure(planes: dict[str, PlaneData]) -> bytes | None:
+    """One loss-plane panel per trajectory; None without planes."""
+    if not planes:
+        return None
+    cols = min(len(planes), 2)
+    rows = math.ceil(len(planes) / cols)
+    fig = Figure(figsize=(6.5 * cols, 5 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (name, plane) in zip(axes, planes.items(), strict=False):
+        _plane_panel(fig, ax, name, plane)
+    for ax in axes[len(planes) :]:
+        ax.set_axis_off()
+    return _png(fig)
+
+
 _FIGURES: list[tuple[str, str]] = [
     ("reliability", "Calibration gap (left) and reliability curves (right); empty bins skipped."),
     ("samples", "Metrics of the Bayesian model average against the number of samples."),
     ("training", "Pretraining then fine-tuning; solid train, dashed validation."),
+    (
+        "finetune_curves",
+        "VI-family fine-tuning, in epochs since the end of pretraining; a trajectory that "
+        "starts from another continues after it (hwa after vi). Solid: the iterate (the "
+        "variational mean mu); dashed: the running average of the snapshots taken so far. "
+        "The training loss is the per-point negative ELBO that was optimised. The test "
+        "curves are for monitoring only and were not used for any choice.",
+    ),
+    (
+        "loss_plane",
+        "Mean training cross-entropy of the network whose weights lie on the plane of the "
+        "first two principal components of each trajectory's last snapshots (orthonormal "
+        "directions in weight space, centred at their running average; for VI-family runs "
+        "the snapshots are the means mu), on a fixed random subset of training images. "
+        "Markers: the snapshots in collection order, the average (star), and the start "
+        "projected onto the plane. The legend's losses are at the points themselves; the "
+        "snapshots and the start can lie off the plane (the start's distance is given), "
+        "while the contours show the plane only.",
+    ),
 ]
 
 
@@ -328,23 +679,51 @@ def write_report(inputs: ReportInputs, out_dir: Path) -> dict[str, Path]:
         ["Stage", "MLflow run id"],
         [[(s, False), (r, False)] for s, r in inputs.run_ids.items()],
     )
-    pngs = {
+    drawn = {
         "reliability": _reliability_figure(inputs.predictors),
         "samples": _samples_figure(inputs.predictors),
         "training": _training_figure(inputs.histories),
+        "finetune_curves": _finetune_curves_figure(inputs),
+        "loss_plane": _plane_figure(inputs.planes),
     }
+    pngs = {name: data for name, data in drawn.items() if data is not None}
     paths: dict[str, Path] = {}
     for name, data in pngs.items():
         paths[name] = out_dir / "figures" / f"{name}.png"
         write_bytes(paths[name], data)
 
-    md = [f"# {inputs.title}", summary, "## Metrics", _md_table(metrics), "## Findings"]
-    md.append("\n".join(f"- {line}" for line in findings) or "No findings.")
     h = html.escape
+    pairs = _pairs_table(inputs)
+    claims = claim_sections(inputs)
+    md = [f"# {inputs.title}", summary, "## Metrics", _md_table(metrics)]
     body = [f"<h1>{h(inputs.title)}</h1>", f"<p>{h(summary)}</p>", "<h2>Metrics</h2>"]
-    body += [_html_table(metrics), "<h2>Findings</h2>"]
+    body.append(_html_table(metrics))
+    md.append("## Baselines and their counterparts")
+    body.append("<h2>Baselines and their counterparts</h2>")
+    if pairs is None:
+        md.append(NO_PAIRS)
+        body.append(f"<p>{h(NO_PAIRS)}</p>")
+    else:
+        md += [PAIRS_NOTE, _md_table(pairs)]
+        body += [f"<p>{h(PAIRS_NOTE)}</p>", _html_table(pairs)]
+    md.append("## Findings")
+    md.append("\n".join(f"- {line}" for line in findings) or "No findings.")
+    body.append("<h2>Findings</h2>")
     body.append("<ul>\n" + "".join(f"<li>{h(line)}</li>\n" for line in findings) + "</ul>")
+    md.append("## Claims as found")
+    body.append("<h2>Claims as found</h2>")
+    if not claims:
+        md.append(NO_PAIRS)
+        body.append(f"<p>{h(NO_PAIRS)}</p>")
+    for title, lines in claims:
+        md += [f"### {title}", "\n".join(f"- {line}" for line in lines)]
+        body += [
+            f"<h3>{h(title)}</h3>",
+            "<ul>\n" + "".join(f"<li>{h(line)}</li>\n" for line in lines) + "</ul>",
+        ]
     for name, caption in _FIGURES:
+        if name not in pngs:
+            continue
         md += [f"## Figure: {name}", f"![{name}](figures/{name}.png)", f"*{caption}*"]
         b64 = base64.b64encode(pngs[name]).decode("ascii")
         body += [

@@ -8,7 +8,7 @@ from bayesavg.data import load_prepared
 from bayesavg.io import sha256_file, write_csv, write_json, write_text
 from bayesavg.posterior_file import save_posterior
 from bayesavg.seeding import resolve_device
-from bayesavg.trajectories import pretrain
+from bayesavg.trajectories import pretrain_members
 
 OUT = Path("models/pretrain/posterior.pt")
 
@@ -17,7 +17,7 @@ def run() -> None:
     p = params()
     logged = {"model": p.model.model_dump(), "pretrain": p.pretrain.model_dump()}
     with tracked("pretrain", p, logged, upstream=["data"]) as mlrun:
-        result = pretrain(p, load_prepared(PREPARED), resolve_device(p.device))
+        result = pretrain_members(p, load_prepared(PREPARED), resolve_device(p.device))
         save_posterior(OUT, result.posterior)
         write_text(OUT.with_suffix(".sha256"), f"{sha256_file(OUT)}  {OUT.name}\n")
         write_csv("plots/pretrain.csv", result.history)

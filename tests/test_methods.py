@@ -20,17 +20,17 @@ from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posterior_file import PosteriorFile, load_theta
 from bayesavg.sgld import SGLD
 from bayesavg.sharpness import sam_sharpness
-from bayesavg.trajectories import finetune, pretrain
+from bayesavg.trajectories import finetune, pretrain, pretrain_members
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 SGD = {"start": "pretrain", "epochs": 1, "batch_size": 128, "momentum": 0.9}
 
 
-def _params(finetune: dict[str, Any], predictors: dict[str, Any]) -> Any:
+def _params(finetune: dict[str, Any], predictors: dict[str, Any], members: int = 1) -> Any:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["model"] = {"name": "mlp", "hidden": [16]}
-    raw["pretrain"].update(epochs=1, batch_size=128)
+    raw["pretrain"].update(epochs=1, batch_size=128, members=members)
     raw["finetune"] = finetune
     raw["evaluate"]["predictors"] = predictors
     raw["evaluate"]["plane"]["trajectories"] = []
@@ -156,15 +156,21 @@ def test_ensemble_members_are_distinct_runs_averaged_in_probability(
     params = _params(
         {"sgd": dict(SGD), "ens": {**SGD, "kind": "ensemble", "members": 2}},
         {"ens": {"trajectory": "ens", "method": "ensemble"}},
+        members=2,
     )
-    start = pretrain(params, prepared, CPU).posterior
+    start = pretrain_members(params, prepared, CPU).posterior
+    assert start.samples is not None
+    first = pretrain(params, prepared, CPU).posterior
     other = pretrain(params, prepared, CPU, member=1).posterior
-    assert not torch.equal(start.theta, other.theta)
-    assert torch.equal(other.theta, pretrain(params, prepared, CPU, member=1).posterior.theta)
+    assert torch.equal(start.theta, first.theta)
+    assert torch.equal(start.samples["theta"], torch.stack([first.theta, other.theta]))
+    assert not torch.equal(first.theta, other.theta)
     post = finetune(params, "ens", prepared, start, CPU).posterior
     assert post.samples is not None
     members = post.samples["theta"]
     assert members.shape[0] == 2 and not torch.equal(members[0], members[1])
+    with pytest.raises(UserError, match="the start has 1 "):
+        finetune(params, "ens", prepared, first, CPU)
     split = _split(post, prepared)
     got = evaluate(post, "ensemble", split)["val"]
     brute = []
@@ -186,6 +192,8 @@ def test_ensemble_members_are_distinct_runs_averaged_in_probability(
 
 
 def test_ensemble_params_are_checked() -> None:
+    with pytest.raises(UserError, match=r"members: 3 members need pretrain.members >= 3"):
+        _params({"e": {**SGD, "kind": "ensemble", "members": 3}}, {}, members=2)
     with pytest.raises(UserError, match="members: set it for ensemble trajectories"):
         _params({"e": {**SGD, "kind": "ensemble"}}, {})
     with pytest.raises(UserError, match="members: set it for ensemble trajectories"):

@@ -40,6 +40,7 @@ def tiny_params() -> dict[str, Any]:
     raw["device"] = "cpu"
     raw["model"] = {"name": "mlp", "hidden": [32]}
     raw["pretrain"]["epochs"] = 1
+    raw["pretrain"]["members"] = ENSEMBLE_MEMBERS
     for traj in raw["finetune"].values():
         traj["epochs"] = 2
         traj["batch_size"] = 256
@@ -128,6 +129,9 @@ def test_outputs(repo: Path) -> None:
     for traj in PARAMS["evaluate"]["plane"]["trajectories"]:
         grid = (repo / "plots/plane" / traj / "grid.csv").read_text().splitlines()
         assert len(grid) == 1 + 5 * 5
+    pretrained = torch.load(repo / "models/pretrain/posterior.pt", weights_only=True)
+    assert pretrained["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
+    assert torch.equal(pretrained["samples"]["theta"][0], pretrained["theta"])
     for name, traj in PARAMS["finetune"].items():
         history = (repo / "plots/finetune" / f"{name}.csv").read_text().splitlines()
         assert "test_accuracy" in history[0].split(",")

@@ -142,7 +142,11 @@ class Optim(_Section):
 
 
 class PretrainParams(Optim):
+    """Pretraining; ``members`` > 1 also pretrains networks 2..M from their own seeds,
+    stored in the same posterior file, for ensemble trajectories to fine-tune."""
+
     schedule: Schedule = Schedule(kind="cosine", lr=0.05, lr_end=0.0005)
+    members: PosInt = 1
 
 
 class VIParams(_Section):
@@ -159,8 +163,8 @@ class Trajectory(Optim):
 
     kind sgd: SGD (SWAG snapshots with ``collect``); vi: SVI on (mu, rho) from
     the start's weights; hwa: SVI continued from a vi trajectory, collecting
-    (mu, sigma) snapshots; ensemble: ``members`` networks, each pretrained from
-    its own seed and fine-tuned like an sgd trajectory; sgld: Langevin dynamics
+    (mu, sigma) snapshots; ensemble: the first ``members`` pretrained networks
+    (``pretrain.members``), each fine-tuned like an sgd trajectory; sgld: Langevin dynamics
     (SGD without momentum plus Gaussian noise), keeping the last
     ``collect.max_rank`` samples taken after ``collect.start_epoch`` (burn-in).
     ``sam_rho`` > 0 turns on the SAM gradient (F-variants); ``dropout`` sets
@@ -325,6 +329,11 @@ class Params(_Section):
             if name == "pretrain":
                 raise ValueError(
                     "finetune.pretrain: the name 'pretrain' is the pretraining stage's"
+                )
+            if traj.members is not None and traj.members > self.pretrain.members:
+                raise ValueError(
+                    f"finetune.{name}.members: {traj.members} members need pretrain.members "
+                    f">= {traj.members} (it is {self.pretrain.members})"
                 )
             if traj.start != "pretrain":
                 origin = self.finetune.get(traj.start)

@@ -1,16 +1,18 @@
 """Pretraining and fine-tuning runs: params + data in, posterior file out.
 
 Each run seeds its own streams from (seed, run name), so adding or
-reordering trajectories never changes another one's result. Ensemble member
-0 is the pipeline's own pretrained network fine-tuned exactly like an sgd
-trajectory of the same name; members 1.. get their own pretraining seed,
-shared by every ensemble trajectory, so F-Ensemble differs from Ensemble
-only in the SAM gradient.
+reordering trajectories never changes another one's result. Pretraining
+also trains ``pretrain.members`` - 1 extra networks from their own seeds,
+once for every ensemble trajectory (so F-Ensemble differs from Ensemble
+only in the SAM gradient). Ensemble member 0 is the pipeline's own
+pretrained network fine-tuned exactly as an sgd trajectory of the same
+name would be (same seed), so an ensemble of one is that single model.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -107,6 +109,21 @@ def _sgd_run(
 
 def iterations_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
+
+
+def pretrain_members(params: Params, prepared: Prepared, device: torch.device) -> RunResult:
+    """Member 0 (the pipeline's network), with all ``pretrain.members`` in ``samples``.
+
+    The history is member 0's: extra members only feed ensembles.
+    """
+    runs = [pretrain(params, prepared, device, m) for m in range(params.pretrain.members)]
+    posterior = runs[0].posterior
+    if len(runs) > 1:
+        posterior.samples = {
+            "theta": torch.stack([r.posterior.theta for r in runs]),
+            "buffers": [r.posterior.buffers for r in runs],
+        }
+    return RunResult(posterior, runs[0].history)
 
 
 def pretrain(
@@ -269,11 +286,25 @@ def _finetune_ensemble(
     device: torch.device,
     fields: dict[str, Any],
 ) -> RunResult:
-    """M members: member 0 from ``start``, the others pretrained here from their own seeds."""
+    """M members, each fine-tuned from the start's pretrained member of the same index."""
     assert traj.members is not None
+    available = 1 if start.samples is None else start.samples["theta"].shape[0]
+    if available < traj.members:
+        raise UserError(
+            f"finetune.{name}: {traj.members} members need as many pretrained networks; "
+            f"the start has {available} (set pretrain.members)"
+        )
     runs = []
     for member in range(traj.members):
-        origin = start if member == 0 else pretrain(params, prepared, device, member).posterior
+        origin = start
+        if member > 0:
+            assert start.samples is not None
+            origin = dataclasses.replace(
+                start,
+                theta=start.samples["theta"][member],
+                buffers=start.samples["buffers"][member],
+                samples=None,
+            )
         run_seed = finetune_seed(params.seed, name, member)
         seed_everything(run_seed)
         model = _start_model(origin, fields["model_kwargs"], device)

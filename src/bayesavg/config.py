@@ -16,22 +16,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import UserError
+from .methods import METHODS
 
 DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
 MODEL_NAMES = ("mlp", "lenet5", "vgg16_bn", "preresnet20")
-PREDICTOR_METHODS = (
-    "map",
-    "swa",
-    "swag_diag",
-    "swag",
-    "vi",
-    "hwa",
-    "hwa_mf",
-    "hwa_rho",
-    "mc_dropout",
-    "ensemble",
-    "sgld",
-)
 _NEEDS = {  # what a predictor method needs of its trajectory
     "swa": "collect",
     "swag_diag": "collect",
@@ -249,19 +237,7 @@ class Trajectory(Optim):
 
 class Predictor(_Section):
     trajectory: Annotated[str, Field(pattern=_NAME)]
-    method: Literal[
-        "map",
-        "swa",
-        "swag_diag",
-        "swag",
-        "vi",
-        "hwa",
-        "hwa_mf",
-        "hwa_rho",
-        "mc_dropout",
-        "ensemble",
-        "sgld",
-    ]
+    method: Literal[METHODS]  # type: ignore[valid-type]
     scale: NonNegFloat | None = None
 
     def effective_scale(self) -> float:

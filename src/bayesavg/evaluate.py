@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from .batchnorm import update_bn
 from .data import to_input
 from .errors import UserError
+from .methods import METHODS
 from .metrics import Reliability, classification_metrics, reliability
 from .models import dropout_modules, has_batchnorm, has_dropout
 from .posterior_file import PosteriorFile, load_theta
@@ -31,19 +32,6 @@ from .sharpness import hessian_trace, sam_sharpness
 
 log = logging.getLogger(__name__)
 
-METHODS = (
-    "map",
-    "swa",
-    "swag_diag",
-    "swag",
-    "vi",
-    "hwa",
-    "hwa_mf",
-    "hwa_rho",
-    "mc_dropout",
-    "ensemble",
-    "sgld",
-)
 DEFAULT_SCALE = {"swag_diag": 1.0, "swag": 0.5, "hwa": 0.5}
 # Methods whose networks come with their own BatchNorm statistics (the file's).
 OWN_BUFFERS = ("map", "mc_dropout", "ensemble")

@@ -49,6 +49,7 @@ from bayesavg.posterior_file import PosteriorFile
 from bayesavg.posteriors import HWA, SWAG, MeanFieldVI, svi_step
 from bayesavg.sam import sam_step
 from bayesavg.seeding import derive_seed, generator, resolve_device, seed_everything
+from bayesavg.sgld import SGLD
 from bayesavg.train import Tensors, lr_at, sgd, sgd_step, train
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
@@ -502,7 +503,7 @@ def bench_evaluate(train_data: Tensors, test: Tensors, s: Settings) -> dict[str,
 
 
 def run_steps(kind: str, data: Tensors, iters: int, batch_size: int) -> Outcome:
-    """``iters`` training steps of LeNet-5 of one kind: sgd, sam, svi or svi+hwa."""
+    """``iters`` training steps of LeNet-5 of one kind: sgd, sam, sgld, svi or svi+hwa."""
     model = init_model("lenet5", data.x.device)
     hwa: HWA | None = None
     if kind.startswith("svi"):
@@ -514,7 +515,7 @@ def run_steps(kind: str, data: Tensors, iters: int, batch_size: int) -> Outcome:
     else:
         target, params = model, list(model.parameters())
         step = sam_step(0.05) if kind == "sam" else sgd_step
-    opt = sgd(params, 0.9, 0.0)
+    opt = SGLD(params, len(data)) if kind == "sgld" else sgd(params, 0.9, 0.0)
     for group in opt.param_groups:
         group["lr"] = 0.01
     gen = torch.Generator().manual_seed(SEED)
@@ -533,9 +534,9 @@ def run_steps(kind: str, data: Tensors, iters: int, batch_size: int) -> Outcome:
 
 
 def bench_steps(train_data: Tensors, s: Settings) -> dict[str, Any]:
-    """Seconds per step of SAM, SVI and SVI with HWA collection, as ratios to an SGD step."""
+    """Seconds per step of SAM, SGLD, SVI and SVI with HWA collection, as ratios to SGD."""
     iters = 20 if s.finetune_rounds < 5 else 100
-    kinds = ("sgd", "sam", "svi", "svi+hwa")
+    kinds = ("sgd", "sam", "sgld", "svi", "svi+hwa")
     variants = {k: partial(run_steps, k, train_data, iters, s.batch_size) for k in kinds}
     for variant in variants.values():
         variant()
@@ -544,7 +545,7 @@ def bench_steps(train_data: Tensors, s: Settings) -> dict[str, Any]:
         f"{num}_over_{den}": round(
             statistics.median(per_round_ratios(seconds[num], seconds[den])), 3
         )
-        for num, den in (("sam", "sgd"), ("svi", "sgd"), ("svi+hwa", "svi"))
+        for num, den in (("sam", "sgd"), ("sgld", "sgd"), ("svi", "sgd"), ("svi+hwa", "svi"))
     }
     return {
         "iterations": iters,

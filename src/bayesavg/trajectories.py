@@ -85,9 +85,14 @@ def _sgd_run(
     step: Step = sgd_step,
     optimizer: torch.optim.Optimizer | None = None,
     epoch_metrics: Callable[[], dict[str, float]] | None = None,
+    train_t: Tensors | None = None,
 ) -> list[dict[str, float]]:
-    """SGD (or ``optimizer``) on ``model``'s trainable parameters with ``opts``' schedule."""
-    train_t = tensors(prepared.train, prepared, device)
+    """SGD (or ``optimizer``) on ``model``'s trainable parameters with ``opts``' schedule.
+
+    ``train_t``: the training tensors if the caller already holds them on ``device``.
+    """
+    if train_t is None:
+        train_t = tensors(prepared.train, prepared, device)
     total = opts.epochs * iterations_per_epoch(len(train_t), opts.batch_size)
     s = opts.schedule
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -193,7 +198,7 @@ def _monitor(
     net: nn.Module,
     template: nn.Module,
     prepared: Prepared,
-    device: torch.device,
+    train_t: Tensors,
     average: Callable[[], torch.Tensor | None] | None,
 ) -> Callable[[], dict[str, float]]:
     """Per-epoch test loss/accuracy of the iterate and of the running average.
@@ -203,9 +208,9 @@ def _monitor(
     running-average weights for a copy of the plain network ``template``,
     whose BatchNorm statistics are recomputed on the training data.
     """
+    device = train_t.x.device
     test = tensors(prepared.test, prepared, device)
     avg_net = copy.deepcopy(template) if average is not None else None
-    bn_x = tensors(prepared.train, prepared, device).x if avg_net is not None else None
 
     def metrics() -> dict[str, float]:
         loss, acc = loss_and_accuracy(net, test)
@@ -216,8 +221,7 @@ def _monitor(
             if mean is not None:
                 load_theta(avg_net, mean.to(device=device, dtype=torch.float32), {})
                 if has_batchnorm(avg_net):
-                    assert bn_x is not None
-                    update_bn(avg_net, bn_x)
+                    update_bn(avg_net, train_t.x)
                 loss, acc = loss_and_accuracy(avg_net, test)
                 row["avg_test_loss"], row["avg_test_accuracy"] = loss.item(), acc.item()
         return row
@@ -261,9 +265,10 @@ def _finetune_sgd(
             return swag.mean if swag.n_collected else None
 
     step = sam_step(traj.sam_rho) if traj.sam_rho > 0 else sgd_step
-    monitor = _monitor(model, model, prepared, device, average)
+    train_t = tensors(prepared.train, prepared, device)
+    monitor = _monitor(model, model, prepared, train_t, average)
     history = _sgd_run(
-        model, traj, prepared, device, run_seed, desc, after_step, step, optimizer, monitor
+        model, traj, prepared, device, run_seed, desc, after_step, step, optimizer, monitor, train_t
     )
     posterior = PosteriorFile.from_model(model, **fields)
     if collector is not None:
@@ -364,8 +369,11 @@ def _finetune_svi(
             return collector.mu.mean if collector.n_collected else None
 
     step = svi_step(len(prepared.train), cfg.kl_weight, cfg.mc_samples, traj.sam_rho)
-    monitor = _monitor(vi, vi.net, prepared, device, average)
-    history = _sgd_run(vi, traj, prepared, device, run_seed, desc, after_step, step, None, monitor)
+    train_t = tensors(prepared.train, prepared, device)
+    monitor = _monitor(vi, vi.net, prepared, train_t, average)
+    history = _sgd_run(
+        vi, traj, prepared, device, run_seed, desc, after_step, step, None, monitor, train_t
+    )
     load_theta(model, vi.mu.detach(), {})
     posterior = PosteriorFile.from_model(model, **fields)
     posterior.rho = vi.rho.detach().cpu().clone()

@@ -254,7 +254,8 @@ def _finetune_sgd(
         after_step = _collect_schedule(traj, len(prepared.train), keep)
 
         def average() -> torch.Tensor | None:
-            return torch.stack(list(kept)).mean(0) if kept else None
+            # Summed one at a time: a stacked (k, d) copy would double the samples' memory.
+            return sum(kept, torch.zeros_like(kept[0])) / len(kept) if kept else None
 
     elif traj.collect is not None:
         collector = SWAG(sum(p.numel() for p in trainable), traj.collect.max_rank, device=device)
@@ -278,7 +279,7 @@ def _finetune_sgd(
             raise UserError(
                 f"{desc}: SGLD kept no samples; lower collect.every or collect.start_epoch"
             )
-        posterior.samples = {"theta": torch.stack(list(kept)).cpu(), "buffers": None}
+        posterior.samples = {"theta": torch.stack([t.cpu() for t in kept]), "buffers": None}
     return RunResult(posterior, history)
 
 

@@ -7,7 +7,7 @@ from _common import PREPARED, main, params, tracked
 
 from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
-from bayesavg.evaluate import centre_sharpness, evaluate, model_input, needs_bn_data
+from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, model_input, needs_bn_data
 from bayesavg.io import write_csv, write_json
 from bayesavg.posterior_file import load_posterior
 from bayesavg.seeding import derive_seed, resolve_device
@@ -34,9 +34,9 @@ def run() -> None:
         posterior = load_posterior(Path("models") / pred.trajectory / "posterior.pt")
         bn_x = None
         if posterior.has_batchnorm and needs_bn_data(pred.method):
-            keep = max(1, round(e.bn_update_fraction * len(data.train)))
-            bn_part = data.train.random_subset(keep, derive_seed(p.seed, "bn_subset"))
-            bn_x = model_input(posterior, bn_part.x, device)
+            bn_x = model_input(
+                posterior, bn_subset(data.train, e.bn_update_fraction, p.seed).x, device
+            )
         results = evaluate(
             posterior,
             pred.method,
@@ -51,6 +51,7 @@ def run() -> None:
             ece_bins=e.ece_bins,
             seed=derive_seed(p.seed, "evaluate", name),
             device=device,
+            name=name,
         )
         sh = e.sharpness
         part = data.train.random_subset(sh.n_points, derive_seed(p.seed, "sharpness"))

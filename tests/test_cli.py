@@ -234,7 +234,7 @@ def test_console_script_user_error_is_one_line(console_runs: dict[str, ConsoleRu
     assert run.proc.returncode == 2
     lines = run.proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), run.proc.stderr
-    assert "collected no snapshots" in lines[0]
+    assert "needs SWAG snapshots" in lines[0]
     assert not run.out.exists()
 
 
@@ -338,8 +338,8 @@ def _offline(*args: Any, **kwargs: Any) -> Any:
         ("zero_samples", "--samples"),
         ("missing_posterior", "does not exist"),
         ("missing_imagefolder", "is not a directory"),
-        ("swag_without_collector", "collected no snapshots"),
-        ("swa_without_collector", "collected no snapshots"),
+        ("swag_without_collector", "needs SWAG snapshots"),
+        ("swa_without_collector", "needs SWAG snapshots"),
         ("unknown_data", "unknown data spec"),
         ("too_many_classes", "classes"),
         ("offline_download", "by hand"),

@@ -15,9 +15,10 @@ from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, parse_params
 from bayesavg.errors import UserError
-from bayesavg.evaluate import centre_sharpness, centres, evaluate, model_input
+from bayesavg.evaluate import centre_sharpness, evaluate, method_of, model_input
 from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posterior_file import PosteriorFile, load_theta
+from bayesavg.sampling import centres
 from bayesavg.sgld import SGLD
 from bayesavg.sharpness import sam_sharpness
 from bayesavg.trajectories import finetune, pretrain, pretrain_members
@@ -184,7 +185,7 @@ def test_ensemble_members_are_distinct_runs_averaged_in_probability(
         post, "ensemble", x, y, bn_x=None, rho=0.05, probes=1, seed=0, device=CPU
     )["sharpness"]
     per_member = []
-    for theta, buffers in centres(post, "ensemble"):
+    for theta, buffers in centres(post, method_of("ensemble")):
         model = post.build_model()
         load_theta(model, theta, buffers or {})
         per_member.append(sam_sharpness(model, x, y, 0.05))
@@ -198,7 +199,9 @@ def test_ensemble_params_are_checked() -> None:
         _params({"e": {**SGD, "kind": "ensemble"}}, {})
     with pytest.raises(UserError, match="members: set it for ensemble trajectories"):
         _params({"e": {**SGD, "members": 3}}, {})
-    with pytest.raises(UserError, match="method: ensemble needs an ensemble trajectory"):
+    with pytest.raises(
+        UserError, match=r"method: ensemble needs ensemble members \(an ensemble trajectory\)"
+    ):
         _params({"e": dict(SGD)}, {"p": {"trajectory": "e", "method": "ensemble"}})
 
 
@@ -299,5 +302,5 @@ def test_sgld_params_are_checked() -> None:
         _params({"s": {**sgld, "momentum": 0.9}}, {})
     with pytest.raises(UserError, match="collect: an sgld trajectory needs"):
         _params({"s": {k: v for k, v in sgld.items() if k != "collect"}}, {})
-    with pytest.raises(UserError, match="method: sgld needs an sgld trajectory"):
+    with pytest.raises(UserError, match=r"method: sgld needs SGLD samples \(an sgld trajectory\)"):
         _params({"s": dict(SGD)}, {"p": {"trajectory": "s", "method": "sgld"}})

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .errors import EXIT_USER_ERROR, UserError
+from .methods import REGISTRY
 
 log = logging.getLogger("bayesavg")
 
@@ -47,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--predictor",
         required=True,
-        help="map, swa, swag_diag, swag, vi, hwa, hwa_mf, hwa_rho, mc_dropout, ensemble or sgld",
+        metavar="METHOD",
+        help="; ".join(f"{m.name}: {m.label}" for m in REGISTRY.values()),
     )
     ev.add_argument(
         "--data",
@@ -56,25 +58,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--samples", type=int, default=30, help="number of weight samples S")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed")
-    ev.add_argument("--scale", type=float, default=None, help="SWAG scale (default: per method)")
+    ev.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="covariance scale (default: the method's: "
+        + ", ".join(f"{m.name} {m.default_scale:g}" for m in REGISTRY.values() if m.has_scale)
+        + ")",
+    )
     ev.add_argument("--out", required=True, type=Path, help="metrics JSON to write")
     ev.add_argument("--reliability", type=Path, default=None, help="also write bins as CSV")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     ev.add_argument("--batch-size", type=int, default=1000)
+    ev.add_argument(
+        "--bn-update-fraction",
+        type=float,
+        default=1.0,
+        help="share of the training split used to recompute BatchNorm statistics (0 < f <= 1), "
+        "drawn as the pipeline draws it (evaluate.bn_update_fraction)",
+    )
     ev.add_argument("--raw-dir", type=Path, default=Path("data/raw"), help="dataset downloads")
     return parser
 
 
 def _evaluate(args: argparse.Namespace) -> None:
     from .data import load_eval_split
-    from .evaluate import METHODS, evaluate, model_input, needs_bn_data
+    from .evaluate import bn_subset, evaluate, model_input
     from .io import write_csv, write_json
     from .posterior_file import load_posterior
     from .seeding import resolve_device
 
-    if args.predictor not in METHODS:
+    if args.predictor not in REGISTRY:
         raise UserError(
-            f"--predictor: unknown {args.predictor!r}; choose one of {', '.join(METHODS)}"
+            f"--predictor: unknown {args.predictor!r}; choose one of {', '.join(REGISTRY)}"
         )
     if args.samples < 1:
         raise UserError(f"--samples: must be >= 1 (got {args.samples})")
@@ -82,6 +98,8 @@ def _evaluate(args: argparse.Namespace) -> None:
         raise UserError(f"--batch-size: must be >= 1 (got {args.batch_size})")
     if args.scale is not None and args.scale < 0:
         raise UserError(f"--scale: must be >= 0 (got {args.scale})")
+    if not 0 < args.bn_update_fraction <= 1:
+        raise UserError(f"--bn-update-fraction: must be in (0, 1] (got {args.bn_update_fraction})")
     device = resolve_device(args.device)
     posterior = load_posterior(args.posterior)
     d = posterior.data
@@ -94,11 +112,16 @@ def _evaluate(args: argparse.Namespace) -> None:
             f"the posterior has {posterior.num_classes} classes"
         )
     bn_x = None
-    if needs_bn_data(args.predictor) and posterior.has_batchnorm:
-        log.info("BatchNorm model: using the training split of %s for BN updates", d["dataset"])
-        bn_x = model_input(
-            posterior, load_eval_split(d["dataset"], *split_args, "train", *fractions).x, device
+    if not REGISTRY[args.predictor].own_buffers and posterior.has_batchnorm:
+        train = load_eval_split(d["dataset"], *split_args, "train", *fractions)
+        part = bn_subset(train, args.bn_update_fraction, d["seed"])
+        log.info(
+            "BatchNorm model: %d of the %d training images of %s for BN updates",
+            len(part),
+            len(train),
+            d["dataset"],
         )
+        bn_x = model_input(posterior, part.x, device)
     result = evaluate(
         posterior,
         args.predictor,

@@ -16,26 +16,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import UserError
-from .methods import METHODS
+from .methods import METHODS, PROVIDES, REGISTRY
 
 DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
 MODEL_NAMES = ("mlp", "lenet5", "vgg16_bn", "preresnet20")
-_NEEDS = {  # what a predictor method needs of its trajectory
-    "swa": "collect",
-    "swag_diag": "collect",
-    "swag": "collect",
-    "vi": "vi",
-    "hwa": "hwa",
-    "hwa_mf": "hwa",
-    "hwa_rho": "hwa",
-    "ensemble": "ensemble",
-    "sgld": "sgld",
-}
-_WHAT = {
-    "collect": "SWAG snapshots (an sgd trajectory with 'collect')",
-    "ensemble": "an ensemble trajectory",
-    "sgld": "an sgld trajectory",
-}
 DEFAULT_DROPOUT = {"vgg16_bn": 0.5}  # the models' own default rate; 0 elsewhere
 _NAME = r"^[a-z][a-z0-9_]*$"
 
@@ -222,16 +206,19 @@ class Trajectory(Optim):
         return self
 
     def provides(self) -> set[str]:
-        """What predictors can use from this trajectory's posterior file."""
-        out = {"map"}
+        """What predictors can use from this trajectory's posterior file
+        (keys of ``methods.PROVIDES``; ``PosteriorFile.provides`` reads the same from a file)."""
+        out = {"weights"}
         if self.collect is not None and self.kind == "sgd":
-            out.add("collect")
+            out.add("snapshots")
         if self.kind in ("vi", "hwa"):
-            out.add("vi")
+            out.add("variational")
         if self.kind == "hwa":
             out.add("hwa")
-        if self.kind in ("ensemble", "sgld"):
-            out.add(self.kind)
+        if self.kind == "ensemble":
+            out.add("members")
+        if self.kind == "sgld":
+            out.add("samples")
         return out
 
 
@@ -241,10 +228,10 @@ class Predictor(_Section):
     scale: NonNegFloat | None = None
 
     def effective_scale(self) -> float:
-        """The paper's scale unless set: 0.5 for SWAG and HWA, 1.0 for SWAG-Diag."""
+        """The method's default scale (``methods.REGISTRY``) unless set."""
         if self.scale is not None:
             return self.scale
-        return {"swag": 0.5, "swag_diag": 1.0, "hwa": 0.5}.get(self.method, 0.0)
+        return REGISTRY[self.method].default_scale
 
 
 class SharpnessParams(_Section):
@@ -341,18 +328,21 @@ class Params(_Section):
                     f"{key}.trajectory: {pred.trajectory!r} is not a finetune trajectory "
                     f"({', '.join(self.finetune)})"
                 )
-            need = _NEEDS.get(pred.method)
-            if pred.method == "mc_dropout" and self.dropout_of(pred.trajectory) == 0:
+            method = REGISTRY[pred.method]
+            if method.stochastic_dropout and self.dropout_of(pred.trajectory) == 0:
                 raise ValueError(
-                    f"{key}.method: mc_dropout needs dropout; set finetune.{pred.trajectory}"
+                    f"{key}.method: {pred.method} needs dropout; set finetune.{pred.trajectory}"
                     ".dropout (or model.dropout) above 0"
                 )
-            if need is not None and need not in traj.provides():
-                what = _WHAT.get(need, f"a {need} trajectory")
+            if method.needs not in traj.provides():
                 raise ValueError(
-                    f"{key}.method: {pred.method} needs {what}, but finetune."
+                    f"{key}.method: {pred.method} needs {PROVIDES[method.needs]}, but finetune."
                     f"{pred.trajectory} is kind {traj.kind}"
                     + ("" if traj.collect is not None else " with no 'collect' section")
+                )
+            if pred.scale is not None and not method.has_scale:
+                raise ValueError(
+                    f"{key}.scale: {pred.method} has no covariance scale; remove the key"
                 )
             per_epoch = traj.collect is not None and not traj.collect.every
             few = traj.collect is not None and traj.epochs - traj.collect.start_epoch < 2

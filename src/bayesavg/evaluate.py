@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -20,21 +20,17 @@ from torch.nn.utils import vector_to_parameters
 from tqdm.auto import tqdm
 
 from .batchnorm import update_bn
-from .data import to_input
+from .data import Split, to_input
 from .errors import UserError
-from .methods import METHODS
+from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
-from .models import dropout_modules, has_batchnorm, has_dropout
+from .models import dropout_modules, has_batchnorm
 from .posterior_file import PosteriorFile, load_theta
-from .posteriors import HWA, SWAG
-from .seeding import isolated_rng
+from .sampling import centres, draws
+from .seeding import derive_seed, isolated_rng
 from .sharpness import hessian_trace, sam_sharpness
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SCALE = {"swag_diag": 1.0, "swag": 0.5, "hwa": 0.5}
-# Methods whose networks come with their own BatchNorm statistics (the file's).
-OWN_BUFFERS = ("map", "mc_dropout", "ensemble")
 
 
 @dataclass(frozen=True)
@@ -45,96 +41,26 @@ class Evaluation:
     log_probs: torch.Tensor
 
 
-@dataclass(frozen=True)
-class Draws:
-    """How a predictor produces its S networks.
-
-    ``draw(s)`` gives the weights of network s (0-based) and its BatchNorm
-    buffers, or None to recompute them on training data (ALGORITHMS §6);
-    ``count`` fixes S (None: the ``n_samples`` asked for); ``dropout`` keeps
-    dropout layers stochastic at prediction time (MC dropout).
-    """
-
-    draw: Callable[[int], tuple[torch.Tensor, dict[str, torch.Tensor] | None]]
-    count: int | None
-    dropout: bool = False
+def method_of(name: str) -> Method:
+    """The registry entry of a predictor method; unknown names are a ``UserError``."""
+    if name not in REGISTRY:
+        raise UserError(f"unknown predictor method {name!r}; choose one of {', '.join(METHODS)}")
+    return REGISTRY[name]
 
 
 def needs_bn_data(method: str) -> bool:
     """Whether ``method`` recomputes BatchNorm statistics (so needs training inputs)."""
-    return method not in OWN_BUFFERS
+    return not method_of(method).own_buffers
 
 
-def sampler(
-    posterior: PosteriorFile,
-    method: str,
-    scale: float,
-    generator: torch.Generator,
-    device: torch.device,
-    n_samples: int = 30,
-) -> Draws:
-    """The S networks of ``method`` from ``posterior``, weights on ``device``."""
-    if method not in METHODS:
-        raise UserError(f"unknown predictor {method!r}; choose one of {', '.join(METHODS)}")
-    if method in ("map", "mc_dropout"):
-        theta = posterior.theta.to(device)
-        buffers = {k: v.to(device) for k, v in posterior.buffers.items()}
-        if method == "mc_dropout" and not has_dropout(posterior.build_model()):
-            raise UserError(
-                f"mc_dropout: trajectory {posterior.trajectory!r} has no dropout; train one with "
-                "a dropout rate above 0"
-            )
-        return Draws(lambda s: (theta, buffers), 1 if method == "map" else None, method != "map")
-    if method in ("ensemble", "sgld"):
-        return _stored(posterior, method, device, n_samples)
-    if method == "vi":
-        if posterior.rho is None:
-            raise UserError(f"predictor vi needs a vi/hwa trajectory, not {posterior.trajectory!r}")
-        mu = posterior.theta.to(device)
-        sigma = torch.nn.functional.softplus(posterior.rho.to(device))
+def bn_subset(train: Split, fraction: float, seed: int) -> Split:
+    """The fixed random share of the training split used for BatchNorm updates.
 
-        def draw_vi(s: int) -> tuple[torch.Tensor, None]:
-            return mu + sigma * torch.randn(mu.shape, generator=generator, device=device), None
-
-        return Draws(draw_vi, None)
-    if method.startswith("hwa"):
-        if posterior.hwa is None:
-            raise UserError(
-                f"predictor {method} needs an hwa trajectory, not {posterior.trajectory!r}"
-            )
-        hwa = HWA.from_state_dict(posterior.hwa, device=device)
-        if hwa.n_collected == 0:
-            raise UserError(f"{method}: trajectory {posterior.trajectory!r} collected no snapshots")
-        return Draws(lambda s: (hwa.sample(method, scale=scale, generator=generator), None), None)
-    if posterior.collector is None:
-        raise UserError(
-            f"predictor {method} needs a SWAG posterior, but trajectory "
-            f"{posterior.trajectory!r} collected no snapshots"
-        )
-    swag = SWAG.from_state_dict(posterior.collector, device=device)
-    if method == "swa":
-        mean = swag.mean
-        return Draws(lambda s: (mean, None), 1)
-    if method == "swag" and swag.rank < 2:
-        raise UserError(f"swag needs at least 2 snapshots, {posterior.trajectory} has {swag.rank}")
-    diag_only = method == "swag_diag"
-    return Draws(
-        lambda s: (swag.sample(scale=scale, diag_only=diag_only, generator=generator), None), None
-    )
-
-
-def _stored(posterior: PosteriorFile, method: str, device: torch.device, n_samples: int) -> Draws:
-    """Ensemble members (all, with their own buffers) or the last S SGLD samples."""
-    stored = posterior.samples
-    is_ensemble = stored is not None and stored["buffers"] is not None
-    if stored is None or is_ensemble != (method == "ensemble"):
-        kind = "an ensemble" if method == "ensemble" else "an sgld"
-        raise UserError(f"predictor {method} needs {kind} trajectory, not {posterior.trajectory!r}")
-    thetas = stored["theta"].to(device)
-    if method == "sgld":
-        thetas = thetas[-n_samples:]
-    buffers = [{k: v.to(device) for k, v in b.items()} for b in stored["buffers"] or []]
-    return Draws(lambda s: (thetas[s], buffers[s] if buffers else None), thetas.shape[0])
+    The pipeline and ``bayesavg evaluate`` both draw it from the data seed,
+    so the same fraction gives the same images.
+    """
+    keep = max(1, round(fraction * len(train)))
+    return train.random_subset(keep, derive_seed(seed, "bn_subset"))
 
 
 @torch.inference_mode()
@@ -164,29 +90,34 @@ def evaluate(
     ece_bins: int = 20,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    name: str | None = None,
 ) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
     ``splits`` maps a name ("test", "val") to model-ready inputs and labels;
     all splits share each sample and its BN update, in one forward pass.
     ``bn_x`` (training inputs) is required when the model has BatchNorm and
-    the method samples weights.
+    the method samples weights. ``name`` (the predictor's, default the
+    method's) names it in errors: non-finite predictive probabilities stop
+    here instead of becoming NaN metrics.
     """
     device = torch.device(device)
+    entry = method_of(method)
+    name = name or method
     model = posterior.build_model(device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    draws = sampler(
+    sampled = draws(
         posterior,
-        method,
-        DEFAULT_SCALE.get(method, 0.0) if scale is None else scale,
+        entry,
+        entry.default_scale if scale is None else scale,
         generator,
         device,
         n_samples,
     )
-    total = draws.count or n_samples
-    needs_bn = needs_bn_data(method) and has_batchnorm(model)
+    total = sampled.count or n_samples
+    needs_bn = not entry.own_buffers and has_batchnorm(model)
     if needs_bn and bn_x is None:
-        raise UserError(f"predictor {method} on a BatchNorm model needs training data for BN")
+        raise UserError(f"predictor {name} on a BatchNorm model needs training data for BN")
     names = list(splits)
     sizes = [splits[n][0].shape[0] for n in names]
     x_all = torch.cat([splits[n][0] for n in names]).to(device)
@@ -195,8 +126,8 @@ def evaluate(
     per_s: dict[str, list[dict[str, torch.Tensor]]] = {n: [] for n in names}
     # Dropout masks come from torch's global stream: seed a private copy of it.
     with isolated_rng(seed, device):
-        for s in tqdm(range(1, total + 1), desc=f"evaluate {method}", disable=None, leave=False):
-            theta, buffers = draws.draw(s - 1)
+        for s in tqdm(range(1, total + 1), desc=f"evaluate {name}", disable=None, leave=False):
+            theta, buffers = sampled.draw(s - 1)
             if buffers is None:
                 with torch.no_grad():
                     vector_to_parameters(theta, model.parameters())
@@ -204,15 +135,20 @@ def evaluate(
                 load_theta(model, theta, buffers)
             if needs_bn:
                 update_bn(model, bn_x, batch_size)
-            logp = log_softmax_predictions(model, x_all, batch_size, dropout=draws.dropout)
+            logp = log_softmax_predictions(model, x_all, batch_size, dropout=sampled.dropout)
             log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
-            for name, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
-                per_s[name].append(classification_metrics(bma, y, ece_bins))
+            for split, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
+                per_s[split].append(classification_metrics(bma, y, ece_bins))
     assert log_sum is not None
+    if not bool(torch.isfinite(log_sum).all()):
+        raise UserError(
+            f"predictor {name}: the predictive probabilities are not finite (a sampled network "
+            "gives NaN or infinite outputs); check the posterior file and the scale"
+        )
     bmas = (log_sum - math.log(total)).split(sizes)
     return {
-        name: _summarise(per_s[name], bma, y, total, ece_bins)
-        for name, bma, y in zip(names, bmas, ys, strict=True)
+        split: _summarise(per_s[split], bma, y, total, ece_bins)
+        for split, bma, y in zip(names, bmas, ys, strict=True)
     }
 
 
@@ -240,28 +176,6 @@ def model_input(
 ) -> torch.Tensor:
     """uint8 images normalised the way the posterior's network was trained."""
     return to_input(x, posterior.mean, posterior.std, device)
-
-
-def centres(
-    posterior: PosteriorFile, method: str
-) -> list[tuple[torch.Tensor, dict[str, torch.Tensor] | None]]:
-    """Where ``method``'s sharpness is measured: weights and buffers (None: recompute BN).
-
-    theta for map, mc_dropout (dropout off) and vi (mu); the SWA mean; the HWA
-    mean; the mean of the kept SGLD samples; every ensemble member, whose
-    sharpness values are averaged (members sit in different basins, so their
-    weight average is not a meaningful centre).
-    """
-    if method in ("swa", "swag_diag", "swag") and posterior.collector is not None:
-        return [(SWAG.from_state_dict(posterior.collector).mean, None)]
-    if method.startswith("hwa") and posterior.hwa is not None:
-        return [(HWA.from_state_dict(posterior.hwa).mu.mean, None)]
-    if method == "sgld" and posterior.samples is not None:
-        return [(posterior.samples["theta"].mean(0), None)]
-    if method == "ensemble" and posterior.samples is not None:
-        thetas, buffers = posterior.samples["theta"], posterior.samples["buffers"]
-        return list(zip(thetas, buffers, strict=True))
-    return [(posterior.theta, None if method not in OWN_BUFFERS else posterior.buffers)]
 
 
 def center_model(
@@ -297,7 +211,7 @@ def centre_sharpness(
     y = y.to(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     values = []
-    for theta, buffers in centres(posterior, method):
+    for theta, buffers in centres(posterior, method_of(method)):
         model = center_model(posterior, theta, buffers, bn_x, device, batch_size)
         values.append(
             (

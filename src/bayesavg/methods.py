@@ -1,20 +1,158 @@
-"""The predictor methods, in one place for params validation, evaluation and the CLI.
+"""The predictor methods: one registry entry per method.
 
-A module of its own so that validating params.yaml does not import torch.
+Config validation, evaluation, the CLI and the report all read this table;
+nothing else lists methods. Adding a method means one ``Method`` entry here
+and one sampling function registered under its name in
+``bayesavg.sampling``. This module imports no torch, so validating
+params.yaml stays cheap.
 """
 
 from __future__ import annotations
 
-METHODS = (
-    "map",
-    "swa",
-    "swag_diag",
-    "swag",
-    "vi",
-    "hwa",
-    "hwa_mf",
-    "hwa_rho",
-    "mc_dropout",
-    "ensemble",
-    "sgld",
-)
+from dataclasses import dataclass
+
+# What a trajectory's posterior file can provide (``config.Trajectory.provides``)
+# and what each item means in an error message.
+PROVIDES = {
+    "weights": "the final weights (every trajectory)",
+    "snapshots": "SWAG snapshots (an sgd trajectory with 'collect')",
+    "variational": "a variational posterior (a vi or hwa trajectory)",
+    "hwa": "HWA snapshots (an hwa trajectory)",
+    "members": "ensemble members (an ensemble trajectory)",
+    "samples": "SGLD samples (an sgld trajectory)",
+}
+
+# Where sharpness is measured (``bayesavg.sampling.CENTRES``).
+CENTRES = ("weights", "snapshot_mean", "hwa_mean", "samples_mean", "members")
+
+
+@dataclass(frozen=True)
+class Method:
+    """How one predictor method turns a trajectory's posterior file into predictions.
+
+    ``needs``: what the trajectory must provide (a key of ``PROVIDES``).
+    ``default_scale``: the covariance scale when the predictor sets none.
+    ``samples``: "one" (a single network), "members" (all stored networks) or
+    "draws" (``n_samples`` draws).
+    ``own_buffers``: predict with the file's BatchNorm statistics instead of
+    recomputing them for each network (ALGORITHMS §6).
+    ``stochastic_dropout``: dropout stays on at prediction time (MC dropout);
+    the trajectory must train with a dropout rate above 0.
+    ``centre``: where sharpness is measured (one of ``CENTRES``).
+    ``label``: what it is, in a phrase, for the report and the CLI help.
+    ``baseline``: the method it is compared with in the report, found on the
+    trajectory this one's trajectory starts from (HWA continues VI); None:
+    compared with the report's overall baseline only.
+    """
+
+    name: str
+    needs: str
+    label: str
+    default_scale: float = 0.0
+    samples: str = "draws"
+    own_buffers: bool = False
+    stochastic_dropout: bool = False
+    centre: str = "weights"
+    baseline: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.needs not in PROVIDES:
+            raise ValueError(f"method {self.name}: needs {self.needs!r} is not one of {PROVIDES}")
+        if self.centre not in CENTRES:
+            raise ValueError(f"method {self.name}: centre {self.centre!r} is not one of {CENTRES}")
+        if self.samples not in ("one", "members", "draws"):
+            raise ValueError(f"method {self.name}: samples {self.samples!r}")
+
+    @property
+    def has_scale(self) -> bool:
+        """Whether a ``scale`` param changes this method's predictions."""
+        return self.default_scale > 0
+
+
+REGISTRY: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "map",
+            needs="weights",
+            label="the fine-tuned point estimate",
+            samples="one",
+            own_buffers=True,
+        ),
+        Method(
+            "swa",
+            needs="snapshots",
+            label="the SWA mean of the fine-tuning iterates",
+            samples="one",
+            centre="snapshot_mean",
+        ),
+        Method(
+            "swag_diag",
+            needs="snapshots",
+            label="SWAG with a diagonal Gaussian",
+            default_scale=1.0,
+            centre="snapshot_mean",
+        ),
+        Method(
+            "swag",
+            needs="snapshots",
+            label="SWAG with a low-rank plus diagonal Gaussian",
+            default_scale=0.5,
+            centre="snapshot_mean",
+        ),
+        Method("vi", needs="variational", label="the last mean-field VI iterate"),
+        Method(
+            "hwa",
+            needs="hwa",
+            label="HWA, moment-matched mixture of the averaged Gaussians",
+            default_scale=0.5,
+            centre="hwa_mean",
+            baseline="vi",
+        ),
+        Method(
+            "hwa_mf",
+            needs="hwa",
+            label="HWA with averaged mean-field hyperparameters",
+            centre="hwa_mean",
+            baseline="vi",
+        ),
+        Method(
+            "hwa_rho",
+            needs="hwa",
+            label="HWA averaged in rho-space",
+            centre="hwa_mean",
+            baseline="vi",
+        ),
+        Method(
+            "mc_dropout",
+            needs="weights",
+            label="MC dropout: S stochastic passes with dropout on",
+            own_buffers=True,
+            stochastic_dropout=True,
+        ),
+        Method(
+            "ensemble",
+            needs="members",
+            label="deep ensemble of M independently pretrained and fine-tuned members",
+            samples="members",
+            own_buffers=True,
+            centre="members",
+        ),
+        Method(
+            "sgld",
+            needs="samples",
+            label="SGLD samples along the chain after burn-in",
+            centre="samples_mean",
+        ),
+    )
+}
+
+METHODS = tuple(REGISTRY)
+
+
+def method(name: str) -> Method:
+    """The registry entry of ``name``; a ``KeyError`` names the known methods."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}") from None

@@ -72,6 +72,19 @@ class PosteriorFile:
             ):
                 raise ValueError("samples.buffers must match samples.theta and the model")
 
+    def provides(self) -> set[str]:
+        """What predictors can use from this file (keys of ``methods.PROVIDES``)."""
+        out = {"weights"}
+        if self.collector is not None:
+            out.add("snapshots")
+        if self.rho is not None:
+            out.add("variational")
+        if self.hwa is not None:
+            out.add("hwa")
+        if self.samples is not None:
+            out.add("members" if self.samples["buffers"] is not None else "samples")
+        return out
+
     @property
     def has_batchnorm(self) -> bool:
         return any(name.endswith("running_mean") for name in self.buffers)

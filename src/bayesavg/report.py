@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator
 
 from .io import write_bytes, write_text
+from .methods import REGISTRY
 
 
 @dataclass(frozen=True)
@@ -97,19 +98,6 @@ _COLUMNS: list[tuple[str, str, bool, Callable[[float], str]]] = [
     ("sharpness", "Sharpness (SAM)", False, lambda v: f"{v:.4f}"),
     ("hessian_trace", "tr(H)", False, lambda v: f"{v:.3g}"),
 ]
-_METHODS = {
-    "map": "the fine-tuned point estimate",
-    "swa": "the SWA mean of the fine-tuning iterates",
-    "swag_diag": "SWAG with a diagonal Gaussian",
-    "swag": "SWAG with a low-rank plus diagonal Gaussian",
-    "vi": "the last mean-field VI iterate",
-    "hwa": "HWA, moment-matched mixture of the averaged Gaussians",
-    "hwa_mf": "HWA with averaged mean-field hyperparameters",
-    "hwa_rho": "HWA averaged in rho-space",
-    "mc_dropout": "MC dropout: S stochastic passes with dropout on",
-    "ensemble": "deep ensemble of M independently pretrained and fine-tuned members",
-    "sgld": "SGLD samples along the chain after burn-in",
-}
 _COLOURS = matplotlib.colormaps["tab10"].colors
 _CSS = (
     "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
@@ -182,9 +170,10 @@ def pair_predictors(
     for name, (method, trajectory) in predictors.items():
         base = name[2:] if name.startswith("f_") else name[1:] if name.startswith("f") else ""
         found = [base] if base in predictors and base != name else []
-        if method.startswith("hwa"):
+        baseline = REGISTRY[method].baseline if method in REGISTRY else None
+        if baseline is not None:
             origin = starts.get(trajectory)
-            found += [o for o, (m, t) in predictors.items() if m == "vi" and t == origin]
+            found += [o for o, (m, t) in predictors.items() if m == baseline and t == origin]
         pairs += [(ref, name) for ref in found if (ref, name) not in pairs]
     return pairs
 
@@ -301,7 +290,7 @@ def claim_sections(inputs: ReportInputs) -> list[tuple[str, list[str]]]:
     """
     hwa, flat, other = [], [], []
     for ref, cand in _valid_pairs(inputs):
-        if cand.method.startswith("hwa") and ref.method == "vi":
+        if cand.method in REGISTRY and REGISTRY[cand.method].baseline == ref.method == "vi":
             hwa.append(_claim(cand, ref, _HWA_CLAIMED))
         elif cand.name in (f"f{ref.name}", f"f_{ref.name}"):
             flat.append(_claim(cand, ref, _F_CLAIMED))
@@ -331,7 +320,7 @@ def _summary(inputs: ReportInputs) -> str:
     data = f"{data} ({details})." if details else f"{data}: no summary given."
     described = []
     for p in inputs.predictors:
-        what = _METHODS.get(p.method, f"method {p.method}")
+        what = REGISTRY[p.method].label if p.method in REGISTRY else f"method {p.method}"
         extra = f", scale {p.scale:g}" if p.scale else ""
         kl_weight = _kl_weight(inputs.params, p.trajectory)
         if kl_weight != 1.0:

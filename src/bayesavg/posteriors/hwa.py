@@ -14,7 +14,9 @@ import torch
 from .moments import MomentCollector
 from .swag import SWAG
 
-METHODS = ("hwa", "hwa_mf", "hwa_rho")
+# The three predictives over the snapshots (ALGORITHMS §4): the moment-matched
+# mixture, mean-field with averaged variances, and the rho-space average.
+VARIANTS = ("hwa", "hwa_mf", "hwa_rho")
 
 
 class HWA:
@@ -41,17 +43,19 @@ class HWA:
         self.rho.collect(rho)
 
     def sample(
-        self, method: str = "hwa", scale: float = 0.5, generator: torch.Generator | None = None
+        self, variant: str = "hwa", scale: float = 0.5, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         """One weight vector from the ``hwa``, ``hwa_mf`` or ``hwa_rho`` predictive."""
-        if method not in METHODS:
-            raise ValueError(f"unknown HWA method {method!r}; choose one of {', '.join(METHODS)}")
+        if variant not in VARIANTS:
+            raise ValueError(
+                f"unknown HWA variant {variant!r}; choose one of {', '.join(VARIANTS)}"
+            )
         mean = self.mu.mean
         z0 = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        if method == "hwa_rho":
+        if variant == "hwa_rho":
             return mean + torch.nn.functional.softplus(self.rho.mean) * z0
         spread = self.var.mean.clamp(min=0).sqrt() * z0
-        if method == "hwa_mf":
+        if variant == "hwa_mf":
             return mean + spread
         return self.mu.sample(scale=scale, generator=generator) + spread
 

@@ -1,0 +1,216 @@
+"""How each predictor method draws its networks from a posterior file (ALGORITHMS §2-§5).
+
+One sampling function per method, registered under the method's name with
+``@sampler``; everything else about a method (what it needs, its default
+scale, its centre, its label) is its entry in ``bayesavg.methods``. Weights
+are produced on the evaluation device, one network at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .errors import UserError
+from .methods import METHODS, PROVIDES, Method
+from .models import has_dropout
+from .posterior_file import PosteriorFile
+from .posteriors import HWA, SWAG
+
+Buffers = dict[str, torch.Tensor]
+Network = tuple[torch.Tensor, Buffers | None]
+
+
+@dataclass(frozen=True)
+class Draws:
+    """How a predictor produces its S networks.
+
+    ``draw(s)`` gives the weights of network s (0-based) and its BatchNorm
+    buffers, or None to recompute them on training data (ALGORITHMS §6);
+    ``count`` fixes S (None: the ``n_samples`` asked for); ``dropout`` keeps
+    dropout layers stochastic at prediction time (MC dropout).
+    """
+
+    draw: Callable[[int], Network]
+    count: int | None
+    dropout: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a sampling function is asked for."""
+
+    method: Method
+    scale: float
+    generator: torch.Generator
+    device: torch.device
+    n_samples: int
+
+
+Sampler = Callable[[PosteriorFile, Request], Draws]
+SAMPLERS: dict[str, Sampler] = {}
+
+
+def sampler(*names: str) -> Callable[[Sampler], Sampler]:
+    """Register a sampling function for the registry methods ``names``."""
+
+    def register(fn: Sampler) -> Sampler:
+        for name in names:
+            if name not in METHODS:
+                raise ValueError(f"{name!r} has no entry in bayesavg.methods")
+            SAMPLERS[name] = fn
+        return fn
+
+    return register
+
+
+def _own(posterior: PosteriorFile, device: torch.device) -> Network:
+    return posterior.theta.to(device), {k: v.to(device) for k, v in posterior.buffers.items()}
+
+
+@sampler("map")
+def _map(posterior: PosteriorFile, req: Request) -> Draws:
+    network = _own(posterior, req.device)
+    return Draws(lambda s: network, 1)
+
+
+@sampler("mc_dropout")
+def _mc_dropout(posterior: PosteriorFile, req: Request) -> Draws:
+    if not has_dropout(posterior.build_model()):
+        raise UserError(
+            f"mc_dropout: trajectory {posterior.trajectory!r} has no dropout; train one with "
+            "a dropout rate above 0"
+        )
+    network = _own(posterior, req.device)
+    return Draws(lambda s: network, None, dropout=True)
+
+
+def _swag(posterior: PosteriorFile, device: torch.device) -> SWAG:
+    assert posterior.collector is not None
+    return SWAG.from_state_dict(posterior.collector, device=device)
+
+
+@sampler("swa")
+def _swa(posterior: PosteriorFile, req: Request) -> Draws:
+    mean = _swag(posterior, req.device).mean
+    return Draws(lambda s: (mean, None), 1)
+
+
+@sampler("swag", "swag_diag")
+def _swag_draws(posterior: PosteriorFile, req: Request) -> Draws:
+    swag = _swag(posterior, req.device)
+    diag_only = req.method.name == "swag_diag"
+    if not diag_only and swag.rank < 2:
+        raise UserError(f"swag needs at least 2 snapshots, {posterior.trajectory} has {swag.rank}")
+    return Draws(
+        lambda s: (swag.sample(req.scale, diag_only=diag_only, generator=req.generator), None),
+        None,
+    )
+
+
+@sampler("vi")
+def _vi(posterior: PosteriorFile, req: Request) -> Draws:
+    assert posterior.rho is not None
+    mu = posterior.theta.to(req.device)
+    sigma = torch.nn.functional.softplus(posterior.rho.to(req.device))
+
+    def draw(s: int) -> Network:
+        return mu + sigma * torch.randn(mu.shape, generator=req.generator, device=req.device), None
+
+    return Draws(draw, None)
+
+
+@sampler("hwa", "hwa_mf", "hwa_rho")
+def _hwa(posterior: PosteriorFile, req: Request) -> Draws:
+    assert posterior.hwa is not None
+    hwa = HWA.from_state_dict(posterior.hwa, device=req.device)
+    if hwa.n_collected == 0:
+        raise UserError(
+            f"{req.method.name}: trajectory {posterior.trajectory!r} collected no snapshots"
+        )
+    variant = req.method.name
+    return Draws(lambda s: (hwa.sample(variant, req.scale, req.generator), None), None)
+
+
+@sampler("ensemble")
+def _ensemble(posterior: PosteriorFile, req: Request) -> Draws:
+    assert posterior.samples is not None and posterior.samples["buffers"] is not None
+    thetas = posterior.samples["theta"].to(req.device)
+    buffers = [{k: v.to(req.device) for k, v in b.items()} for b in posterior.samples["buffers"]]
+    return Draws(lambda s: (thetas[s], buffers[s]), thetas.shape[0])
+
+
+@sampler("sgld")
+def _sgld(posterior: PosteriorFile, req: Request) -> Draws:
+    assert posterior.samples is not None
+    thetas = posterior.samples["theta"][-req.n_samples :].to(req.device)
+    return Draws(lambda s: (thetas[s], None), thetas.shape[0])
+
+
+def draws(
+    posterior: PosteriorFile,
+    method: Method,
+    scale: float,
+    generator: torch.Generator,
+    device: torch.device,
+    n_samples: int,
+) -> Draws:
+    """The S networks of ``method`` from ``posterior``; a file that lacks what it needs
+    is a ``UserError`` saying what it needs."""
+    if method.needs not in posterior.provides():
+        raise UserError(
+            f"predictor {method.name} needs {PROVIDES[method.needs]}; the posterior of "
+            f"trajectory {posterior.trajectory!r} has none"
+        )
+    return SAMPLERS[method.name](posterior, Request(method, scale, generator, device, n_samples))
+
+
+# Where sharpness is measured, per ``Method.centre``.
+def _centre_weights(posterior: PosteriorFile, method: Method) -> list[Network]:
+    return [(posterior.theta, posterior.buffers if method.own_buffers else None)]
+
+
+def _centre_snapshot_mean(posterior: PosteriorFile, method: Method) -> list[Network]:
+    return [(_swag(posterior, "cpu").mean, None)]
+
+
+def _centre_hwa_mean(posterior: PosteriorFile, method: Method) -> list[Network]:
+    assert posterior.hwa is not None
+    return [(HWA.from_state_dict(posterior.hwa).mu.mean, None)]
+
+
+def _centre_samples_mean(posterior: PosteriorFile, method: Method) -> list[Network]:
+    assert posterior.samples is not None
+    return [(posterior.samples["theta"].mean(0), None)]
+
+
+def _centre_members(posterior: PosteriorFile, method: Method) -> list[Network]:
+    assert posterior.samples is not None
+    return list(zip(posterior.samples["theta"], posterior.samples["buffers"], strict=True))
+
+
+CENTRES: dict[str, Callable[[PosteriorFile, Method], list[Network]]] = {
+    "weights": _centre_weights,
+    "snapshot_mean": _centre_snapshot_mean,
+    "hwa_mean": _centre_hwa_mean,
+    "samples_mean": _centre_samples_mean,
+    "members": _centre_members,
+}
+
+
+def centres(posterior: PosteriorFile, method: Method) -> list[Network]:
+    """Where ``method``'s sharpness is measured: weights and buffers (None: recompute BN).
+
+    theta for map, mc_dropout (dropout off) and vi (mu); the SWA mean; the HWA
+    mean; the mean of the kept SGLD samples; every ensemble member, whose
+    sharpness values are averaged (members sit in different basins, so their
+    weight average is not a meaningful centre).
+    """
+    if method.needs not in posterior.provides():
+        raise UserError(
+            f"predictor {method.name} needs {PROVIDES[method.needs]}; the posterior of "
+            f"trajectory {posterior.trajectory!r} has none"
+        )
+    return CENTRES[method.centre](posterior, method)

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -56,8 +54,12 @@ def save_torch(path: str | os.PathLike[str], obj: Any) -> None:
     """torch.save, byte-identical for identical content.
 
     Saving to a path names the archive's inner folder after that (random
-    temp) file; saving to a buffer does not, so reruns hash the same.
+    temp) file; saving to a buffer does not, so reruns hash the same. torch
+    is imported here, not at the top: stages that only write JSON (validate,
+    report) would otherwise pay its ~2 s import.
     """
+    import torch
+
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     write_bytes(path, buffer.getvalue())

@@ -1,4 +1,4 @@
-"""What every stage shares: project root, params, the MLflow run and its id file.
+"""What every stage shares: project root, params, the MLflow run, checkpoints.
 
 This is the only place that knows about DVC (its env vars and workspaces);
 the library under src/ does not.
@@ -7,22 +7,28 @@ the library under src/ does not.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import _environment  # noqa: F401  (first: one clear line outside the project's environment)
 import yaml
 
-from bayesavg.cli import run_entry
+from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
-from bayesavg.io import write_json
+from bayesavg.entry import run_entry
+from bayesavg.io import sha256_file, write_json
 
 PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
+MANIFEST = PREPARED / "manifest.json"
 RUNS = Path("runs")
+CHECKPOINTS = Path("checkpoints")
+STAGES = Path(__file__).resolve().parent
 
 
 def project_root() -> Path:
@@ -50,11 +56,53 @@ def run_file(stage: str) -> Path:
     return RUNS / f"{stage}.json"
 
 
-def run_id(stage: str) -> str | None:
-    try:
-        return json.loads(run_file(stage).read_text())["run_id"]
-    except (OSError, ValueError, KeyError):
-        return None
+_digests: dict[Path, str] = {}
+
+
+def digest(path: Path) -> str:
+    """sha256 of a stage input or output file, computed once per process."""
+    if path not in _digests:
+        _digests[path] = sha256_file(path)
+    return _digests[path]
+
+
+def _code_digests() -> dict[str, str]:
+    """sha256 of every project module this process has imported: the stage's code."""
+    out = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if name == "bayesavg" or name.startswith("bayesavg."):
+            out[name] = digest(path)
+        elif path.parent == STAGES:
+            out[f"stages/{path.name}"] = digest(path)
+    return dict(sorted(out.items()))
+
+
+def stage_checkpoint(
+    stage: str, p: Params, stage_params: Mapping[str, Any], inputs: Sequence[Path]
+) -> Checkpoint:
+    """The stage's checkpoint file, keyed by its params, its input files and its code.
+
+    Call it after the stage has imported what it runs, so the code is all in
+    ``sys.modules``. A checkpoint with another key is deleted when loaded.
+    """
+    key = {
+        "stage": stage,
+        "params": {"seed": p.seed, "device": p.device, **stage_params},
+        "inputs": {str(path): digest(path) for path in inputs},
+        "code": _code_digests(),
+    }
+    text = json.dumps(key, sort_keys=True, default=str)
+    ckpt = Checkpoint(
+        CHECKPOINTS / f"{stage}.pt",
+        hashlib.sha256(text.encode()).hexdigest(),
+        p.checkpoint.every,
+    )
+    ckpt.load()
+    return ckpt
 
 
 @contextlib.contextmanager
@@ -62,13 +110,17 @@ def tracked(
     stage: str,
     p: Params,
     logged: Mapping[str, Any],
-    upstream: list[str],
+    inputs: Sequence[Path] = (),
     id_file: Path | None = None,
+    resume: str | None = None,
 ) -> Iterator[Any]:
     """An MLflow run named after the DVC stage; its id goes to ``id_file``.
 
     ``id_file`` defaults to ``runs/<stage>.json``, a DVC output, so a stage
     that DVC skips keeps the link to the run that made its outputs.
+    ``inputs``: files this stage reads that earlier stages wrote; the run
+    is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
+    ``resume``: a run id to continue (from a checkpoint).
     """
     from bayesavg.tracking import default_store, git_commit, start_run
 
@@ -83,17 +135,30 @@ def tracked(
         "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "command": " ".join(sys.argv),
     }
-    tags.update({f"upstream.{u}": rid for u in upstream if (rid := run_id(u))})
     with start_run(
         stage,
         tracking_uri=uri,
         artifact_location=artifacts,
         experiment=p.tracking.experiment,
         tags=tags,
+        resume=resume,
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
+        upstream = {}
+        for path in inputs:
+            found = run.producer(str(path), digest(path))
+            if found is not None:
+                upstream[f"upstream.{found[1]}"] = found[0]
+        if upstream:
+            run.set_tags(upstream)
         yield run
     write_json(
         id_file or run_file(stage),
         {"run_id": run.run_id, "stage": stage, "experiment": p.tracking.experiment},
     )
+
+
+def mark_outputs(run: Any, paths: Sequence[Path]) -> None:
+    """Tag ``run`` with the digests of the files it wrote, for later stages to link to."""
+    _digests.update({path: sha256_file(path) for path in paths})
+    run.mark_outputs({str(path): _digests[path] for path in paths})

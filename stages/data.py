@@ -1,6 +1,6 @@
 """Stage `data`: load the dataset, split it, write tensors and a manifest."""
 
-from _common import PREPARED, main, params, tracked
+from _common import MANIFEST, PREPARED, main, mark_outputs, params, tracked
 
 from bayesavg.data import prepare
 
@@ -8,10 +8,11 @@ from bayesavg.data import prepare
 def run() -> None:
     p = params()
     d = p.data
-    with tracked("data", p, {"data": d.model_dump()}, upstream=[]) as mlrun:
+    with tracked("data", p, {"data": d.model_dump()}) as mlrun:
         prepared = prepare(d.dataset, d.raw_dir, PREPARED, p.seed, d.test_fraction, d.val_fraction)
+        mark_outputs(mlrun, [MANIFEST])
         mlrun.log_metrics({f"n_{k}": v["n"] for k, v in prepared.manifest["splits"].items()})
-        mlrun.log_artifact(PREPARED / "manifest.json")
+        mlrun.log_artifact(MANIFEST)
 
 
 if __name__ == "__main__":

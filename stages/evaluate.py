@@ -3,11 +3,11 @@
 import sys
 from pathlib import Path
 
-from _common import PREPARED, main, params, tracked
+from _common import MANIFEST, PREPARED, main, params, tracked
 
 from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
-from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, model_input, needs_bn_data
+from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, needs_bn_data
 from bayesavg.io import write_csv, write_json
 from bayesavg.posterior_file import load_posterior
 from bayesavg.seeding import derive_seed, resolve_device
@@ -28,20 +28,20 @@ def run() -> None:
         "scale": pred.effective_scale(),
     }
     stage = f"evaluate@{name}"
-    with tracked(stage, p, logged, upstream=["data", f"finetune@{pred.trajectory}"]) as mlrun:
+    posterior_file = Path("models") / pred.trajectory / "posterior.pt"
+    with tracked(stage, p, logged, [MANIFEST, posterior_file]) as mlrun:
         device = resolve_device(p.device)
         data = load_prepared(PREPARED)
-        posterior = load_posterior(Path("models") / pred.trajectory / "posterior.pt")
+        posterior = load_posterior(posterior_file)
         bn_x = None
         if posterior.has_batchnorm and needs_bn_data(pred.method):
-            bn_x = model_input(
-                posterior, bn_subset(data.train, e.bn_update_fraction, p.seed).x, device
-            )
+            bn_part = bn_subset(data.train, e.bn_update_fraction, p.seed)
+            bn_x = posterior.model_input(bn_part.x, device)
         results = evaluate(
             posterior,
             pred.method,
             {
-                split: (model_input(posterior, part.x, device), part.y)
+                split: (posterior.model_input(part.x, device), part.y)
                 for split, part in (("test", data.test), ("val", data.val))
             },
             n_samples=e.n_samples,
@@ -58,7 +58,7 @@ def run() -> None:
         sharp = centre_sharpness(
             posterior,
             pred.method,
-            model_input(posterior, part.x, device),
+            posterior.model_input(part.x, device),
             part.y,
             bn_x=bn_x,
             rho=sh.rho,

@@ -3,11 +3,10 @@
 import sys
 from pathlib import Path
 
-from _common import PREPARED, main, params, tracked
+from _common import MANIFEST, PREPARED, main, params, tracked
 
 from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
-from bayesavg.evaluate import model_input
 from bayesavg.io import write_csv, write_json
 from bayesavg.plane import loss_plane
 from bayesavg.posterior_file import load_posterior
@@ -25,16 +24,16 @@ def run() -> None:
     name = sys.argv[1]
     traj = p.finetune[name]
     logged = {"trajectory": name, "plane": pp.model_dump(), "batch_size": p.evaluate.batch_size}
-    with tracked(f"plane@{name}", p, logged, upstream=["data", f"finetune@{name}"]) as mlrun:
+    posterior_file = Path("models") / name / "posterior.pt"
+    with tracked(f"plane@{name}", p, logged, [MANIFEST, posterior_file]) as mlrun:
         device = resolve_device(p.device)
         data = load_prepared(PREPARED)
-        posterior = load_posterior(Path("models") / name / "posterior.pt")
-        state = posterior.hwa["mu"] if traj.kind == "hwa" and posterior.hwa else posterior.collector
+        posterior = load_posterior(posterior_file)
+        state = posterior.hwa["mu"] if posterior.hwa else posterior.collector
         if state is None:
             raise UserError(f"plane: trajectory {name!r} has no snapshots in its posterior file")
-        start = load_posterior(Path("models") / traj.start / "posterior.pt").theta
         part = data.train.random_subset(pp.n_points, derive_seed(p.seed, "plane"))
-        x = model_input(posterior, part.x, device)
+        x = posterior.model_input(part.x, device)
         # BatchNorm statistics at each point come from the same fixed training subset.
         result = loss_plane(
             posterior.build_model(device),
@@ -43,7 +42,7 @@ def run() -> None:
             part.y,
             grid=pp.grid,
             margin=pp.margin,
-            start=start,
+            start=posterior.start_theta,
             bn_x=x if posterior.has_batchnorm else None,
             batch_size=p.evaluate.batch_size,
         )

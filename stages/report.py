@@ -4,7 +4,7 @@ import csv
 import json
 from pathlib import Path
 
-from _common import RUNS, main, params, raw_params, tracked
+from _common import MANIFEST, RUNS, main, params, raw_params, tracked
 
 from bayesavg.config import Params
 from bayesavg.report import PlaneData, PredictorResult, ReportInputs, pair_predictors, write_report
@@ -74,7 +74,7 @@ def run() -> None:
         for f in sorted(RUNS.glob("*.json"))
         if f.stem != "validate"
     }
-    manifest = json.loads(Path("data/prepared/manifest.json").read_text())
+    manifest = json.loads(MANIFEST.read_text())
     inputs = ReportInputs(
         title=p.report.title,
         predictors=predictors,
@@ -91,10 +91,8 @@ def run() -> None:
             "input_shape": manifest["input_shape"],
         },
     )
-    upstream = sorted(run_ids)
-    with tracked(
-        "report", p, {"report": p.report.model_dump()}, upstream, OUT / "run.json"
-    ) as mlrun:
+    with tracked("report", p, {"report": p.report.model_dump()}, id_file=OUT / "run.json") as mlrun:
+        mlrun.set_tags({f"upstream.{stage}": run_id for stage, run_id in run_ids.items()})
         paths = write_report(inputs, OUT)
         for path in paths.values():
             mlrun.log_artifact(path, "report")

@@ -116,7 +116,8 @@ def test_snapshot_count(default_raw: dict[str, Any]) -> None:
     traj = parse_params(raw).finetune["swag"]
     assert traj.snapshots(iters_per_epoch=10) == 3
     raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 4, "max_rank": 5})
-    assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 7
+    # every 4 steps counted from the run's first step: after steps 12, 16, ..., 40
+    assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 8
     cyclic = {"kind": "cyclic", "lr": 0.05, "lr_end": 0.005, "cycle_length": 6}
     raw = _with(raw, "finetune.swag.schedule", cyclic)
     raw = _with(raw, "finetune.swag.collect", {"start_epoch": 1, "every": 0, "max_rank": 5})
@@ -136,10 +137,14 @@ def test_every_dvc_param_exists_in_params_yaml(default_raw: dict[str, Any]) -> N
         items = {
             "finetune": default_raw["finetune"],
             "evaluate": default_raw["evaluate"]["predictors"],
+            "plane": default_raw["evaluate"]["plane"]["trajectories"],
         }
         for key in keys:
-            for item in items.get(name, [None]) if "${key}" in key else [None]:
+            templated = "${key}" in key or "${item}" in key
+            for item in items.get(name, [None]) if templated else [None]:
                 node: Any = default_raw
-                for part in key.replace("${key}", str(item)).split("."):
+                for part in (
+                    key.replace("${key}", str(item)).replace("${item}", str(item)).split(".")
+                ):
                     assert isinstance(node, dict) and part in node, f"{name}: {key} ({item})"
                     node = node[part]

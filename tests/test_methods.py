@@ -15,7 +15,7 @@ from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, parse_params
 from bayesavg.errors import UserError
-from bayesavg.evaluate import centre_sharpness, evaluate, method_of, model_input
+from bayesavg.evaluate import centre_sharpness, evaluate, method_of
 from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posterior_file import PosteriorFile, load_theta
 from bayesavg.sampling import centres
@@ -39,7 +39,7 @@ def _params(finetune: dict[str, Any], predictors: dict[str, Any], members: int =
 
 
 def _split(post: PosteriorFile, prepared: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    return {"val": (model_input(post, prepared.val.x, CPU), prepared.val.y)}
+    return {"val": (post.model_input(prepared.val.x, CPU), prepared.val.y)}
 
 
 def _probs(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

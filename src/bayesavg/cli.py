@@ -1,35 +1,21 @@
-"""The ``bayesavg`` command line, and the error handling every entry point shares.
+"""The ``bayesavg`` command line.
 
-A ``UserError`` becomes one line on stderr and exit code 2; argparse's own
-usage errors already exit with 2.
+A ``UserError`` becomes one line on stderr and exit code 2 (``entry``);
+argparse's own usage errors already exit with 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import EXIT_USER_ERROR, UserError
+from .entry import run_entry
+from .errors import UserError
 from .methods import REGISTRY
 
 log = logging.getLogger("bayesavg")
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-
-def run_entry(fn: Callable[[], None]) -> None:
-    """Run an entry point; a UserError exits 2 with one line and no traceback."""
-    setup_logging()
-    try:
-        fn()
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _evaluate(args: argparse.Namespace) -> None:
     from .data import load_eval_split
-    from .evaluate import bn_subset, evaluate, model_input
+    from .evaluate import bn_subset, evaluate
     from .io import write_csv, write_json
     from .posterior_file import load_posterior
     from .seeding import resolve_device
@@ -121,11 +107,11 @@ def _evaluate(args: argparse.Namespace) -> None:
             len(train),
             d["dataset"],
         )
-        bn_x = model_input(posterior, part.x, device)
+        bn_x = posterior.model_input(part.x, device)
     result = evaluate(
         posterior,
         args.predictor,
-        {"test": (model_input(posterior, test.x, device), test.y)},
+        {"test": (posterior.model_input(test.x, device), test.y)},
         n_samples=args.samples,
         scale=args.scale,
         bn_x=bn_x,

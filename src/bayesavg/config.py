@@ -157,9 +157,24 @@ class Trajectory(Optim):
         """How many snapshots this trajectory will collect (0 without ``collect``)."""
         if self.collect is None:
             return 0
-        iters = (self.epochs - self.collect.start_epoch) * iters_per_epoch
         every = self.collect_every(iters_per_epoch)
-        return iters // every
+        first = self.collect.start_epoch * iters_per_epoch
+        return self.epochs * iters_per_epoch // every - first // every
+
+    def collects_after(self, iteration: int, iters_per_epoch: int) -> bool:
+        """Whether a snapshot is taken right after optimizer step ``iteration`` (0-based).
+
+        From the end of epoch ``collect.start_epoch`` on, after every step
+        whose count is a multiple of ``collect_every``, counted from the first
+        step of the run, the count the rate schedule uses: with a cyclic
+        rate every snapshot follows a step at ``lr_end`` (ALGORITHMS §1, §4),
+        whatever the start epoch.
+        """
+        if self.collect is None:
+            return False
+        every = self.collect_every(iters_per_epoch)
+        first = self.collect.start_epoch * iters_per_epoch
+        return iteration >= first and (iteration + 1) % every == 0
 
     def collect_every(self, iters_per_epoch: int) -> int:
         """Iterations between snapshots: ``every``, else a cycle (cyclic) or an epoch."""
@@ -262,6 +277,16 @@ class EvaluateParams(_Section):
     predictors: dict[str, Predictor]
 
 
+class CheckpointParams(_Section):
+    """How often pretraining and fine-tuning stages save a checkpoint to resume from.
+
+    Not a DVC param of any stage: it never changes a result, so changing it
+    reruns nothing.
+    """
+
+    every: NonNegInt = 1  # epochs between checkpoints; 0 turns them off
+
+
 class TrackingParams(_Section):
     experiment: Annotated[str, Field(min_length=1)] = "bayesavg"
 
@@ -279,6 +304,7 @@ class Params(_Section):
     pretrain: PretrainParams = PretrainParams()
     finetune: dict[str, Trajectory]
     evaluate: EvaluateParams
+    checkpoint: CheckpointParams = CheckpointParams()
     tracking: TrackingParams = TrackingParams()
     report: ReportParams = ReportParams()
 
@@ -313,7 +339,7 @@ class Params(_Section):
                     raise ValueError(f"finetune.{name}.start: hwa continues a vi trajectory")
         for name in self.evaluate.plane.trajectories:
             traj = self.finetune.get(name)
-            if traj is None or traj.collect is None:
+            if traj is None or not traj.provides() & {"snapshots", "hwa"}:
                 raise ValueError(
                     f"evaluate.plane.trajectories: {name!r} is not a finetune trajectory that "
                     "collects snapshots"

@@ -20,7 +20,7 @@ from torch.nn.utils import vector_to_parameters
 from tqdm.auto import tqdm
 
 from .batchnorm import update_bn
-from .data import Split, to_input
+from .data import Split
 from .errors import UserError
 from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
@@ -169,13 +169,6 @@ def _summarise(
     metrics["n"] = int(y.shape[0])
     metrics["n_samples"] = total
     return Evaluation(metrics, reliability(bma, y, ece_bins), by_samples, bma.cpu())
-
-
-def model_input(
-    posterior: PosteriorFile, x: torch.Tensor, device: torch.device | str
-) -> torch.Tensor:
-    """uint8 images normalised the way the posterior's network was trained."""
-    return to_input(x, posterior.mean, posterior.std, device)
 
 
 def center_model(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
+from .data import to_input
 from .errors import UserError
 from .io import save_torch
 from .models import build_model
@@ -41,6 +42,9 @@ class PosteriorFile:
     # Stored weight vectors for BMA over an explicit set: ensemble members (with
     # their own BatchNorm buffers) or SGLD samples (buffers None: BN is recomputed).
     samples: dict[str, Any] | None = None
+    # The weights a snapshot-collecting trajectory started from, so the loss
+    # plane can show where the run began without reading another stage's file.
+    start_theta: torch.Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -58,6 +62,8 @@ class PosteriorFile:
             raise ValueError(f"collector must cover {expected} parameters")
         if self.rho is not None and self.rho.shape != (expected,):
             raise ValueError(f"rho must have {expected} values")
+        if self.start_theta is not None and self.start_theta.shape != (expected,):
+            raise ValueError(f"start_theta must have {expected} values")
         if self.hwa is not None and self.hwa["mu"].get("num_params") != expected:
             raise ValueError(f"hwa collector must cover {expected} parameters")
         if self.samples is not None:
@@ -89,6 +95,10 @@ class PosteriorFile:
     def has_batchnorm(self) -> bool:
         return any(name.endswith("running_mean") for name in self.buffers)
 
+    def model_input(self, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+        """uint8 images normalised the way this posterior's network was trained."""
+        return to_input(x, self.mean, self.std, device)
+
     def build_model(self, device: torch.device | str = "cpu") -> nn.Module:
         """The network at the last iterate (parameters and buffers), in eval mode.
 
@@ -116,6 +126,7 @@ class PosteriorFile:
             "rho": None if self.rho is None else self.rho.detach().cpu(),
             "hwa": self.hwa,
             "samples": self.samples,
+            "start_theta": None if self.start_theta is None else self.start_theta.detach().cpu(),
             "extra": self.extra,
         }
 
@@ -136,6 +147,7 @@ class PosteriorFile:
             rho=d.get("rho"),
             hwa=d.get("hwa"),
             samples=d.get("samples"),
+            start_theta=d.get("start_theta"),
             extra=d.get("extra", {}),
         )
 

@@ -55,6 +55,26 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """torch's global streams a training run draws from (CPU, and ``device`` if CUDA).
+
+    Dropout masks, VI's epsilon and SGLD's noise come from these; python's
+    and numpy's streams are seeded but never drawn from during training.
+    """
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda":
+        if "cuda" not in state:
+            raise ValueError("the saved RNG state has no CUDA stream; it was saved on the CPU")
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 @contextlib.contextmanager
 def isolated_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None]:
     """Run with torch's global stream (CPU and ``device``) seeded, then restore it.

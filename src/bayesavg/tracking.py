@@ -18,6 +18,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+OUTPUT_TAG = "bayesavg.output."
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -97,6 +98,23 @@ class Run:
 
         self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    def mark_outputs(self, digests: Mapping[str, str]) -> None:
+        """Tag the run with the sha256 of each output it wrote (``OUTPUT_TAG`` + path),
+        so a later run that reads those bytes can find this one (``producer``)."""
+        self.set_tags({f"{OUTPUT_TAG}{path}": digest for path, digest in digests.items()})
+
+    def producer(self, path: str, digest: str) -> tuple[str, str] | None:
+        """(run id, run name) of the newest run in this run's experiment that wrote
+        ``path`` with these bytes, or None."""
+        experiment = self._client.get_run(self.run_id).info.experiment_id
+        found = self._client.search_runs(
+            [experiment],
+            filter_string=f"tags.`{OUTPUT_TAG}{path}` = '{digest}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return (found[0].info.run_id, found[0].info.run_name) if found else None
+
 
 def _client(tracking_uri: str) -> Any:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -127,19 +145,43 @@ def start_run(
     artifact_location: str,
     experiment: str = "bayesavg",
     tags: Mapping[str, str] | None = None,
+    resume: str | None = None,
 ) -> Iterator[Run]:
-    """Create a run, yield it, and mark it FINISHED (or FAILED on an exception)."""
+    """Create a run, yield it, and mark it FINISHED (or FAILED on an exception).
+
+    ``resume``: the id of a run to continue (a stage resumed from its
+    checkpoint logs into the run it started), if it still exists.
+    """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
-    mlflow_run = client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
-    run = Run(client, mlflow_run.info.run_id)
-    log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
+    run = _resumed(client, resume, exp_id) if resume else None
+    if run is not None:
+        client.update_run(run.run_id, status="RUNNING")
+        run.set_tags(dict(tags or {}))
+        log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
+    else:
+        mlflow_run = client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+        run = Run(client, mlflow_run.info.run_id)
+        log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
     try:
         yield run
     except BaseException:
         client.set_terminated(run.run_id, status="FAILED")
         raise
     client.set_terminated(run.run_id, status="FINISHED")
+
+
+def _resumed(client: Any, run_id: str, experiment_id: str) -> Run | None:
+    """The run ``run_id`` if it exists in this experiment and is not deleted."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        info = client.get_run(run_id).info
+    except MlflowException:
+        return None
+    if info.experiment_id != experiment_id or info.lifecycle_stage != "active":
+        return None
+    return Run(client, run_id)
 
 
 def default_store(root: str | Path) -> tuple[str, str]:

@@ -14,8 +14,8 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -35,6 +35,31 @@ class Tensors:
 
     def __len__(self) -> int:
         return self.x.shape[0]
+
+
+@dataclass
+class Progress:
+    """Where a run stands at an epoch boundary: epochs done, optimizer steps, history rows.
+
+    With the model, optimizer, shuffling generator and RNG states this is all
+    a run needs to continue exactly where it stopped (``trajectories``
+    checkpoints it).
+    """
+
+    epoch: int = 0
+    iteration: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "iteration": self.iteration,
+            "history": [dict(row) for row in self.history],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> Progress:
+        return cls(int(state["epoch"]), int(state["iteration"]), list(state["history"]))
 
 
 class Step(Protocol):
@@ -120,6 +145,8 @@ def train(
     after_step: Callable[[int], None] | None = None,
     epoch_metrics: Callable[[], dict[str, float]] | None = None,
     desc: str = "train",
+    progress: Progress | None = None,
+    on_epoch: Callable[[Progress], None] | None = None,
 ) -> list[dict[str, float]]:
     """Run ``epochs`` of minibatch training; return one history row per epoch.
 
@@ -127,13 +154,25 @@ def train(
     i (0-based), e.g. to collect SWAG snapshots; ``epoch_metrics()`` adds
     columns to each epoch's row (monitoring, e.g. test curves). A non-finite
     epoch loss stops training with a ``UserError`` naming the epoch.
+    ``progress`` continues a run from an epoch boundary (the caller restores
+    the model, optimizer, generator and RNG states that go with it) and is
+    updated in place; ``on_epoch(progress)`` runs after each epoch, e.g. to
+    write a checkpoint.
     """
     n = len(train_data)
     iters_per_epoch = math.ceil(n / batch_size)
     device = train_data.x.device
-    history: list[dict[str, float]] = []
-    iteration = 0
-    bar = tqdm(range(1, epochs + 1), desc=desc, disable=None, leave=False)
+    progress = progress if progress is not None else Progress()
+    history = progress.history
+    iteration = progress.iteration
+    bar = tqdm(
+        range(progress.epoch + 1, epochs + 1),
+        desc=desc,
+        disable=None,
+        leave=False,
+        initial=progress.epoch,
+        total=epochs,
+    )
     for epoch in bar:
         started = time.perf_counter()
         model.train()
@@ -172,6 +211,7 @@ def train(
             row.update(epoch_metrics())
         row["seconds"] = time.perf_counter() - started
         history.append(row)
+        progress.epoch, progress.iteration = epoch, iteration
         log.info(
             "%s epoch %d/%d: %s",
             desc,
@@ -179,4 +219,6 @@ def train(
             epochs,
             ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("epoch", "seconds")),
         )
+        if on_epoch is not None:
+            on_epoch(progress)
     return history

@@ -7,12 +7,19 @@ once for every ensemble trajectory (so F-Ensemble differs from Ensemble
 only in the SAM gradient). Ensemble member 0 is the pipeline's own
 pretrained network fine-tuned exactly as an sgd trajectory of the same
 name would be (same seed), so an ensemble of one is that single model.
+
+Every run can be resumed. Everything it changes while it trains (network,
+optimizer, collector or kept samples, shuffling generator, torch's RNG
+streams, iteration and history) is one state tree (``_Run.state_dict``)
+that a ``Checkpoint`` saves at epoch boundaries; loading that tree and
+training on gives, on CPU, the bytes an uninterrupted run gives.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +31,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from .batchnorm import update_bn
+from .checkpoint import Resumable
 from .config import Params, PretrainParams, Trajectory
 from .data import Prepared, Split, to_input
 from .errors import UserError
@@ -32,15 +40,25 @@ from .posterior_file import PosteriorFile, load_theta
 from .posteriors import HWA, SWAG, MeanFieldVI, svi_step
 from .posteriors.vi import softplus_inverse
 from .sam import sam_step
-from .seeding import derive_seed, generator, seed_everything
+from .seeding import derive_seed, generator, rng_state, seed_everything, set_rng_state
 from .sgld import SGLD
-from .train import Step, Tensors, loss_and_accuracy, lr_at, sgd, sgd_step, train
+from .train import Progress, Step, Tensors, loss_and_accuracy, lr_at, sgd, sgd_step, train
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RunResult:
     posterior: PosteriorFile
     history: list[dict[str, float]]
+
+    def state_dict(self) -> dict[str, Any]:
+        """A finished run (an ensemble member) as plain values, for its ensemble's checkpoint."""
+        return {"posterior": self.posterior.to_dict(), "history": self.history}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> RunResult:
+        return cls(PosteriorFile.from_dict(state["posterior"]), list(state["history"]))
 
 
 def tensors(split: Split, prepared: Prepared, device: torch.device) -> Tensors:
@@ -56,6 +74,10 @@ def pretrain_seed(seed: int, member: int = 0) -> int:
 def finetune_seed(seed: int, name: str, member: int = 0) -> int:
     base = ("finetune", name) if member == 0 else ("finetune", name, member)
     return derive_seed(seed, *base)
+
+
+def iterations_per_epoch(n: int, batch_size: int) -> int:
+    return math.ceil(n / batch_size)
 
 
 def _fields(
@@ -74,54 +96,154 @@ def _fields(
     }
 
 
-def _sgd_run(
-    model: torch.nn.Module,
+class KeptSamples:
+    """The last ``max_len`` weight vectors of a chain (SGLD), on the training device."""
+
+    def __init__(self, max_len: int, device: torch.device) -> None:
+        self.items: deque[torch.Tensor] = deque(maxlen=max_len)
+        self.device = device
+
+    def append(self, theta: torch.Tensor) -> None:
+        self.items.append(theta.detach().clone())
+
+    def mean(self) -> torch.Tensor | None:
+        # Summed one at a time: a stacked (k, d) copy would double the samples' memory.
+        if not self.items:
+            return None
+        return sum(self.items, torch.zeros_like(self.items[0])) / len(self.items)
+
+    def stacked(self) -> torch.Tensor:
+        """(k, d) on the CPU, oldest first."""
+        return torch.stack([t.cpu() for t in self.items])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"theta": [t.cpu() for t in self.items]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.items.clear()
+        self.items.extend(t.to(self.device) for t in state["theta"])
+
+
+class _Run:
+    """One training run's mutable state as a single tree: ``parts`` (objects with
+    ``state_dict``/``load_state_dict``: network, optimizer, collector), the
+    shuffling generator, torch's RNG streams and the loop's progress."""
+
+    def __init__(self, parts: dict[str, Any], shuffle: torch.Generator, device: torch.device):
+        self.parts = parts
+        self.shuffle = shuffle
+        self.device = device
+        self.progress = Progress()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "parts": {name: part.state_dict() for name, part in self.parts.items()},
+            "shuffle": self.shuffle.get_state(),
+            "rng": rng_state(self.device),
+            "progress": self.progress.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, part in self.parts.items():
+            part.load_state_dict(state["parts"][name])
+        self.shuffle.set_state(state["shuffle"])
+        set_rng_state(state["rng"], self.device)
+        self.progress = Progress.from_state_dict(state["progress"])
+
+
+def _train(
+    net: nn.Module,
     opts: PretrainParams | Trajectory,
     prepared: Prepared,
     device: torch.device,
     run_seed: int,
     desc: str,
-    after_step: Callable[[int], None] | None = None,
+    *,
+    optimizer: torch.optim.Optimizer,
+    parts: dict[str, Any] | None = None,
     step: Step = sgd_step,
-    optimizer: torch.optim.Optimizer | None = None,
+    after_step: Callable[[int], None] | None = None,
     epoch_metrics: Callable[[], dict[str, float]] | None = None,
     train_t: Tensors | None = None,
+    resume: Resumable | None = None,
 ) -> list[dict[str, float]]:
-    """SGD (or ``optimizer``) on ``model``'s trainable parameters with ``opts``' schedule.
+    """Train ``net`` with ``optimizer`` on ``opts``' schedule, resumable through ``resume``.
 
-    ``train_t``: the training tensors if the caller already holds them on ``device``.
+    ``parts``: what else the run changes (a collector, kept samples), saved
+    with it. ``train_t``: the training tensors if the caller already holds
+    them on ``device``.
     """
     if train_t is None:
         train_t = tensors(prepared.train, prepared, device)
     total = opts.epochs * iterations_per_epoch(len(train_t), opts.batch_size)
     s = opts.schedule
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    run = _Run({"net": net, "optimizer": optimizer, **(parts or {})}, generator(run_seed), device)
+    if resume is not None and resume.state is not None:
+        run.load_state_dict(resume.state)
+        log.info("%s: resuming from the checkpoint after epoch %d", desc, run.progress.epoch)
+
+    def on_epoch(progress: Progress) -> None:
+        if resume is not None and resume.due(progress.epoch):
+            resume.save(run.state_dict())
+
     return train(
-        model,
-        optimizer or sgd(trainable, opts.momentum, opts.weight_decay),
+        net,
+        optimizer,
         train_t,
         step=step,
         epochs=opts.epochs,
         batch_size=opts.batch_size,
         lr=lr_at(s.kind, s.lr, s.lr_end, s.cycle_length, total),
-        generator=generator(run_seed),
+        generator=run.shuffle,
         val_data=tensors(prepared.val, prepared, device),
         after_step=after_step,
         epoch_metrics=epoch_metrics,
         desc=desc,
+        progress=run.progress,
+        on_epoch=on_epoch,
     )
 
 
-def iterations_per_epoch(n: int, batch_size: int) -> int:
-    return math.ceil(n / batch_size)
+def _members(
+    count: int,
+    train_member: Callable[[int, Resumable | None], RunResult],
+    resume: Resumable | None,
+) -> list[RunResult]:
+    """Train members 0..count-1 one after another, resumable across and within members.
+
+    The checkpoint holds the finished members and the state of the one in
+    training (``{"member", "done", "run"}``).
+    """
+    saved = resume.state if resume is not None else None
+    done = [RunResult.from_state_dict(d) for d in saved["done"]] if saved else []
+    for member in range(len(done), count):
+        nested = None
+        if resume is not None:
+            finished = [r.state_dict() for r in done]
+            run_state = saved["run"] if saved and saved["member"] == member else None
+            nested = resume.nested(
+                run_state,
+                lambda state, m=member, f=finished: {"member": m, "done": f, "run": state},
+            )
+        done.append(train_member(member, nested))
+        if resume is not None and resume.active:
+            finished = [r.state_dict() for r in done]
+            resume.save({"member": member + 1, "done": finished, "run": None})
+    return done
 
 
-def pretrain_members(params: Params, prepared: Prepared, device: torch.device) -> RunResult:
+def pretrain_members(
+    params: Params, prepared: Prepared, device: torch.device, resume: Resumable | None = None
+) -> RunResult:
     """Member 0 (the pipeline's network), with all ``pretrain.members`` in ``samples``.
 
     The history is member 0's: extra members only feed ensembles.
     """
-    runs = [pretrain(params, prepared, device, m) for m in range(params.pretrain.members)]
+    runs = _members(
+        params.pretrain.members,
+        lambda member, nested: pretrain(params, prepared, device, member, nested),
+        resume,
+    )
     posterior = runs[0].posterior
     if len(runs) > 1:
         posterior.samples = {
@@ -132,7 +254,11 @@ def pretrain_members(params: Params, prepared: Prepared, device: torch.device) -
 
 
 def pretrain(
-    params: Params, prepared: Prepared, device: torch.device, member: int = 0
+    params: Params,
+    prepared: Prepared,
+    device: torch.device,
+    member: int = 0,
+    resume: Resumable | None = None,
 ) -> RunResult:
     """Deterministic SGD from a seeded initialisation (``member`` > 0: an ensemble member's)."""
     run_seed = pretrain_seed(params.seed, member)
@@ -142,7 +268,11 @@ def pretrain(
         device
     )
     desc = "pretrain" if member == 0 else f"pretrain member {member}"
-    history = _sgd_run(model, params.pretrain, prepared, device, run_seed, desc)
+    opts = params.pretrain
+    optimizer = sgd(model, opts.momentum, opts.weight_decay)
+    history = _train(
+        model, opts, prepared, device, run_seed, desc, optimizer=optimizer, resume=resume
+    )
     posterior = PosteriorFile.from_model(model, **_fields(params, prepared, "pretrain", kwargs))
     return RunResult(posterior, history)
 
@@ -153,22 +283,30 @@ def finetune(
     prepared: Prepared,
     start: PosteriorFile,
     device: torch.device,
+    resume: Resumable | None = None,
 ) -> RunResult:
-    """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA)."""
+    """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA).
+
+    ``resume``: a checkpoint to continue from and save to (see ``checkpoint``).
+    """
     traj: Trajectory = params.finetune[name]
     kwargs = dict(start.model_kwargs)
     if traj.dropout is not None:
         kwargs["dropout"] = traj.dropout
     fields = _fields(params, prepared, name, kwargs)
     if traj.kind == "ensemble":
-        return _finetune_ensemble(params, name, traj, prepared, start, device, fields)
+        return _finetune_ensemble(params, name, traj, prepared, start, device, fields, resume)
     run_seed = finetune_seed(params.seed, name)
     seed_everything(run_seed)
     model = _start_model(start, kwargs, device)
     desc = f"finetune {name}"
     if traj.kind in ("sgd", "sgld"):
-        return _finetune_sgd(traj, prepared, model, device, run_seed, desc, fields)
-    return _finetune_svi(traj, prepared, start, model, device, run_seed, desc, fields)
+        result = _finetune_sgd(traj, prepared, model, device, run_seed, desc, fields, resume)
+    else:
+        result = _finetune_svi(traj, prepared, start, model, device, run_seed, desc, fields, resume)
+    if traj.provides() & {"snapshots", "hwa"}:
+        result.posterior.start_theta = start.theta.clone()
+    return result
 
 
 def _start_model(start: PosteriorFile, kwargs: dict[str, Any], device: torch.device) -> nn.Module:
@@ -182,13 +320,10 @@ def _collect_schedule(
     traj: Trajectory, n_train: int, collect: Callable[[], None]
 ) -> Callable[[int], None]:
     """``after_step`` that calls ``collect`` at the trajectory's snapshot iterations."""
-    assert traj.collect is not None
     per_epoch = iterations_per_epoch(n_train, traj.batch_size)
-    first = traj.collect.start_epoch * per_epoch
-    every = traj.collect_every(per_epoch)
 
     def after_step(i: int) -> None:
-        if i >= first and (i - first + 1) % every == 0:
+        if traj.collects_after(i, per_epoch):
             collect()
 
     return after_step
@@ -237,49 +372,60 @@ def _finetune_sgd(
     run_seed: int,
     desc: str,
     fields: dict[str, Any],
+    resume: Resumable | None,
 ) -> RunResult:
     """SGD or SAM (kinds sgd, ensemble), or SGLD with the same gradient steps."""
-    collector: SWAG | None = None
-    kept: deque[torch.Tensor] = deque(maxlen=traj.collect.max_rank if traj.collect else None)
+    parts: dict[str, Any] = {}
     after_step = None
     average: Callable[[], torch.Tensor | None] | None = None
-    optimizer = None
     trainable = [p for p in model.parameters() if p.requires_grad]
     if traj.kind == "sgld":
-        optimizer = SGLD(trainable, len(prepared.train), weight_decay=traj.weight_decay)
+        assert traj.collect is not None
+        optimizer: torch.optim.Optimizer = SGLD(
+            trainable, len(prepared.train), weight_decay=traj.weight_decay
+        )
+        kept = parts["kept"] = KeptSamples(traj.collect.max_rank, device)
+        after_step = _collect_schedule(
+            traj, len(prepared.train), lambda: kept.append(parameters_to_vector(trainable))
+        )
+        average = kept.mean
+    else:
+        optimizer = sgd(trainable, traj.momentum, traj.weight_decay)
+        if traj.collect is not None:
+            swag = parts["collector"] = SWAG(
+                sum(p.numel() for p in trainable), traj.collect.max_rank, device=device
+            )
+            after_step = _collect_schedule(traj, len(prepared.train), lambda: swag.collect(model))
 
-        def keep() -> None:
-            kept.append(parameters_to_vector(model.parameters()).detach().clone())
-
-        after_step = _collect_schedule(traj, len(prepared.train), keep)
-
-        def average() -> torch.Tensor | None:
-            # Summed one at a time: a stacked (k, d) copy would double the samples' memory.
-            return sum(kept, torch.zeros_like(kept[0])) / len(kept) if kept else None
-
-    elif traj.collect is not None:
-        collector = SWAG(sum(p.numel() for p in trainable), traj.collect.max_rank, device=device)
-        swag = collector
-        after_step = _collect_schedule(traj, len(prepared.train), lambda: swag.collect(model))
-
-        def average() -> torch.Tensor | None:
-            return swag.mean if swag.n_collected else None
+            def average() -> torch.Tensor | None:
+                return swag.mean if swag.n_collected else None
 
     step = sam_step(traj.sam_rho) if traj.sam_rho > 0 else sgd_step
     train_t = tensors(prepared.train, prepared, device)
-    monitor = _monitor(model, model, prepared, train_t, average)
-    history = _sgd_run(
-        model, traj, prepared, device, run_seed, desc, after_step, step, optimizer, monitor, train_t
+    history = _train(
+        model,
+        traj,
+        prepared,
+        device,
+        run_seed,
+        desc,
+        optimizer=optimizer,
+        parts=parts,
+        step=step,
+        after_step=after_step,
+        epoch_metrics=_monitor(model, model, prepared, train_t, average),
+        train_t=train_t,
+        resume=resume,
     )
     posterior = PosteriorFile.from_model(model, **fields)
-    if collector is not None:
-        posterior.collector = collector.state_dict()
-    if traj.kind == "sgld":
-        if not kept:
+    if "collector" in parts:
+        posterior.collector = parts["collector"].state_dict()
+    if "kept" in parts:
+        if not parts["kept"].items:
             raise UserError(
                 f"{desc}: SGLD kept no samples; lower collect.every or collect.start_epoch"
             )
-        posterior.samples = {"theta": torch.stack([t.cpu() for t in kept]), "buffers": None}
+        posterior.samples = {"theta": parts["kept"].stacked(), "buffers": None}
     return RunResult(posterior, history)
 
 
@@ -291,6 +437,7 @@ def _finetune_ensemble(
     start: PosteriorFile,
     device: torch.device,
     fields: dict[str, Any],
+    resume: Resumable | None,
 ) -> RunResult:
     """M members, each fine-tuned from the start's pretrained member of the same index."""
     assert traj.members is not None
@@ -300,8 +447,8 @@ def _finetune_ensemble(
             f"finetune.{name}: {traj.members} members need as many pretrained networks; "
             f"the start has {available} (set pretrain.members)"
         )
-    runs = []
-    for member in range(traj.members):
+
+    def member_run(member: int, nested: Resumable | None) -> RunResult:
         origin = start
         if member > 0:
             assert start.samples is not None
@@ -315,7 +462,9 @@ def _finetune_ensemble(
         seed_everything(run_seed)
         model = _start_model(origin, fields["model_kwargs"], device)
         desc = f"finetune {name} member {member + 1}/{traj.members}"
-        runs.append(_finetune_sgd(traj, prepared, model, device, run_seed, desc, fields))
+        return _finetune_sgd(traj, prepared, model, device, run_seed, desc, fields, nested)
+
+    runs = _members(traj.members, member_run, resume)
     posterior = runs[0].posterior
     posterior.samples = {
         "theta": torch.stack([r.posterior.theta for r in runs]),
@@ -341,6 +490,7 @@ def _finetune_svi(
     run_seed: int,
     desc: str,
     fields: dict[str, Any],
+    resume: Resumable | None,
 ) -> RunResult:
     """SVI on (mu, rho) from the start's weights (vi) or its (mu, rho) (hwa)."""
     cfg = traj.vi
@@ -349,35 +499,44 @@ def _finetune_svi(
     if start.rho is not None:
         with torch.no_grad():
             vi.rho.copy_(start.rho.to(device))
-    hwa: HWA | None = None
+    parts: dict[str, Any] = {}
     after_step = None
     average: Callable[[], torch.Tensor | None] | None = None
     if traj.kind == "hwa":
         assert traj.collect is not None
-        hwa = HWA(vi.mu.numel(), traj.collect.max_rank, device=device)
-        collector = hwa
+        hwa = parts["collector"] = HWA(vi.mu.numel(), traj.collect.max_rank, device=device)
 
         def snapshot() -> None:
-            collector.collect(vi.mu, vi.rho)
+            hwa.collect(vi.mu, vi.rho)
             if traj.reset_to_average:
                 with torch.no_grad():
-                    vi.mu.copy_(collector.mu.mean)
-                    vi.rho.copy_(softplus_inverse(collector.var.mean.sqrt()))
+                    vi.mu.copy_(hwa.mu.mean)
+                    vi.rho.copy_(softplus_inverse(hwa.var.mean.sqrt()))
 
         after_step = _collect_schedule(traj, len(prepared.train), snapshot)
 
         def average() -> torch.Tensor | None:
-            return collector.mu.mean if collector.n_collected else None
+            return hwa.mu.mean if hwa.n_collected else None
 
-    step = svi_step(len(prepared.train), cfg.kl_weight, cfg.mc_samples, traj.sam_rho)
     train_t = tensors(prepared.train, prepared, device)
-    monitor = _monitor(vi, vi.net, prepared, train_t, average)
-    history = _sgd_run(
-        vi, traj, prepared, device, run_seed, desc, after_step, step, None, monitor, train_t
+    history = _train(
+        vi,
+        traj,
+        prepared,
+        device,
+        run_seed,
+        desc,
+        optimizer=sgd([vi.mu, vi.rho], traj.momentum, traj.weight_decay),
+        parts=parts,
+        step=svi_step(len(prepared.train), cfg.kl_weight, cfg.mc_samples, traj.sam_rho),
+        after_step=after_step,
+        epoch_metrics=_monitor(vi, vi.net, prepared, train_t, average),
+        train_t=train_t,
+        resume=resume,
     )
     load_theta(model, vi.mu.detach(), {})
     posterior = PosteriorFile.from_model(model, **fields)
     posterior.rho = vi.rho.detach().cpu().clone()
-    if hwa is not None:
-        posterior.hwa = hwa.state_dict()
+    if "collector" in parts:
+        posterior.hwa = parts["collector"].state_dict()
     return RunResult(posterior, history)

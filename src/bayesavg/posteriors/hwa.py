@@ -66,6 +66,11 @@ class HWA:
             "rho": self.rho.state_dict(),
         }
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mu.load_state_dict(state["mu"])
+        self.var.load_state_dict(state["var"])
+        self.rho.load_state_dict(state["rho"])
+
     @classmethod
     def from_state_dict(
         cls,
@@ -74,7 +79,5 @@ class HWA:
         device: torch.device | str = "cpu",
     ) -> HWA:
         obj = cls(state["mu"]["num_params"], state["mu"]["max_rank"], dtype=dtype, device=device)
-        obj.mu.load_state_dict(state["mu"])
-        obj.var.load_state_dict(state["var"])
-        obj.rho.load_state_dict(state["rho"])
+        obj.load_state_dict(state)
         return obj

@@ -24,8 +24,8 @@ class PosteriorFileError(ValueError):
 
 
 def _describe(value: Any) -> str:
-    """A short one-line description of a value for messages: repr of small scalars."""
-    if isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 40):
+    """A short one-line description of a value for messages: the repr of small plain values."""
+    if isinstance(value, bool | int | float | str | list | tuple) and len(repr(value)) <= 40:
         return f"{value!r} ({type(value).__name__})"
     return f"a {type(value).__name__}"
 

@@ -92,9 +92,10 @@ class PosteriorFile:
                     self.model_name, self.input_shape, self.num_classes, self.model_kwargs
                 )
         except Exception as err:  # the arguments come from the file: any failure is the file's
+            reason = " ".join(str(err).split())  # one line, whatever the constructor said
             raise PosteriorFileError(
                 f"model {self.model_name!r} cannot be built with kwargs {self.model_kwargs!r} "
-                f"for input {self.input_shape} and {self.num_classes} classes ({err})"
+                f"for input {self.input_shape} and {self.num_classes} classes ({reason})"
             ) from None
 
     def provides(self) -> set[str]:

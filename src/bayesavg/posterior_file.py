@@ -20,6 +20,20 @@ from .data import to_input
 from .errors import UserError
 from .io import save_torch
 from .models import build_model
+from .posterior_checks import (
+    PosteriorFileError,
+    as_block,
+    check_buffers,
+    check_collector,
+    check_data,
+    check_hwa,
+    check_input,
+    check_int,
+    check_samples,
+    check_str,
+    check_tensor,
+    get,
+)
 
 FORMAT = "bayesavg.posterior/1"
 
@@ -48,35 +62,47 @@ class PosteriorFile:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
-        """Check the parts agree (sizes, keys), so use never fails half-way."""
-        for key in ("dataset", "seed", "test_fraction", "val_fraction"):
-            if key not in self.data:
-                raise KeyError(f"data.{key}")
-        model = build_model(self.model_name, self.input_shape, self.num_classes, self.model_kwargs)
-        expected = sum(p.numel() for p in model.parameters())
-        if not isinstance(self.theta, torch.Tensor) or self.theta.shape != (expected,):
-            raise ValueError(f"theta must have {expected} values for {self.model_name}")
-        if set(self.buffers) != {name for name, _ in model.named_buffers()}:
-            raise ValueError("buffers do not match the model's")
-        if self.collector is not None and self.collector.get("num_params") != expected:
-            raise ValueError(f"collector must cover {expected} parameters")
-        if self.rho is not None and self.rho.shape != (expected,):
-            raise ValueError(f"rho must have {expected} values")
-        if self.start_theta is not None and self.start_theta.shape != (expected,):
-            raise ValueError(f"start_theta must have {expected} values")
-        if self.hwa is not None and self.hwa["mu"].get("num_params") != expected:
-            raise ValueError(f"hwa collector must cover {expected} parameters")
+        """Check every block completely, so a bad file fails at load, not half-way through use.
+
+        Raises ``PosteriorFileError`` with one line naming the block and key.
+        """
+        check_str(self.trajectory, "trajectory")
+        model = self._skeleton()
+        check_data(self.data)
+        num_params = sum(p.numel() for p in model.parameters())
+        model_buffers = dict(model.named_buffers())
+        check_tensor(self.theta, "theta", (num_params,), f" ({self.model_name}'s parameter count)")
+        check_buffers(self.buffers, "buffers", model_buffers)
+        if self.collector is not None:
+            check_collector(self.collector, "collector", num_params)
+        if self.rho is not None:
+            check_tensor(self.rho, "rho", (num_params,), " (one per parameter)")
+        if self.hwa is not None:
+            check_hwa(self.hwa, num_params)
+        if self.start_theta is not None:
+            check_tensor(self.start_theta, "start_theta", (num_params,), " (one per parameter)")
         if self.samples is not None:
-            stack = self.samples["theta"]
-            if not isinstance(stack, torch.Tensor) or stack.shape[1:] != (expected,):
-                raise ValueError(f"samples.theta must be (k, {expected})")
-            if stack.shape[0] < 1:
-                raise ValueError("samples.theta holds no samples")
-            buffers = self.samples["buffers"]
-            if buffers is not None and (
-                len(buffers) != stack.shape[0] or any(set(b) != set(self.buffers) for b in buffers)
-            ):
-                raise ValueError("samples.buffers must match samples.theta and the model")
+            check_samples(self.samples, num_params, model_buffers)
+        as_block(self.extra, "extra")
+
+    def _skeleton(self) -> nn.Module:
+        """The model on the meta device: its parameter and buffer shapes, built without
+        memory or random numbers."""
+        check_str(self.model_name, "model.name")
+        as_block(self.model_kwargs, "model.kwargs")
+        check_input(self.input_shape, self.mean, self.std)
+        check_int(self.num_classes, "num_classes", minimum=1)
+        try:
+            with torch.device("meta"):
+                return build_model(
+                    self.model_name, self.input_shape, self.num_classes, self.model_kwargs
+                )
+        except Exception as err:  # the arguments come from the file: any failure is the file's
+            reason = " ".join(str(err).split())  # one line, whatever the constructor said
+            raise PosteriorFileError(
+                f"model {self.model_name!r} cannot be built with kwargs {self.model_kwargs!r} "
+                f"for input {self.input_shape} and {self.num_classes} classes ({reason})"
+            ) from None
 
     def provides(self) -> set[str]:
         """What predictors can use from this file (keys of ``methods.PROVIDES``)."""
@@ -132,18 +158,25 @@ class PosteriorFile:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PosteriorFile:
+        """The fields of a loaded file; a missing key is a ``PosteriorFileError``.
+
+        Values are taken as stored; ``validate`` checks them.
+        """
+        model = as_block(get(d, "model"), "model")
+        inp = as_block(get(d, "input"), "input")
+        shape = get(inp, "shape", "input")
         return cls(
-            trajectory=d["trajectory"],
-            model_name=d["model"]["name"],
-            model_kwargs=d["model"]["kwargs"],
-            input_shape=tuple(d["input"]["shape"]),
-            mean=d["input"]["mean"],
-            std=d["input"]["std"],
-            num_classes=d["num_classes"],
-            data=d["data"],
-            theta=d["theta"],
-            buffers=d["buffers"],
-            collector=d["collector"],
+            trajectory=get(d, "trajectory"),
+            model_name=get(model, "name", "model"),
+            model_kwargs=get(model, "kwargs", "model"),
+            input_shape=tuple(shape) if isinstance(shape, list | tuple) else shape,
+            mean=get(inp, "mean", "input"),
+            std=get(inp, "std", "input"),
+            num_classes=get(d, "num_classes"),
+            data=get(d, "data"),
+            theta=get(d, "theta"),
+            buffers=get(d, "buffers"),
+            collector=get(d, "collector"),
             rho=d.get("rho"),
             hwa=d.get("hwa"),
             samples=d.get("samples"),
@@ -179,7 +212,11 @@ def save_posterior(path: str | Path, posterior: PosteriorFile) -> None:
 
 
 def load_posterior(path: str | Path) -> PosteriorFile:
-    """Load with ``weights_only=True``; an unreadable file is a ``UserError``."""
+    """Load with ``weights_only=True`` and validate every block.
+
+    An unreadable or malformed file is a ``UserError`` of one line naming the
+    file, the block and key, and what is wrong.
+    """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"posterior file {path} does not exist")
@@ -197,6 +234,6 @@ def load_posterior(path: str | Path) -> PosteriorFile:
     try:
         posterior = PosteriorFile.from_dict(d)
         posterior.validate()
-    except (KeyError, TypeError, AttributeError, ValueError) as err:
-        raise UserError(f"{path}: malformed posterior file ({type(err).__name__}: {err})") from None
+    except PosteriorFileError as err:
+        raise UserError(f"{path}: {err}") from None
     return posterior

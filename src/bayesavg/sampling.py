@@ -87,9 +87,20 @@ def _mc_dropout(posterior: PosteriorFile, req: Request) -> Draws:
     return Draws(lambda s: network, None, dropout=True)
 
 
-def _swag(posterior: PosteriorFile, device: torch.device) -> SWAG:
+def _swag(posterior: PosteriorFile, device: torch.device | str) -> SWAG:
     assert posterior.collector is not None
-    return SWAG.from_state_dict(posterior.collector, device=device)
+    swag = SWAG.from_state_dict(posterior.collector, device=device)
+    if swag.n_collected == 0:
+        raise UserError(f"trajectory {posterior.trajectory!r} collected no SWAG snapshots")
+    return swag
+
+
+def _hwa_state(posterior: PosteriorFile, device: torch.device | str) -> HWA:
+    assert posterior.hwa is not None
+    hwa = HWA.from_state_dict(posterior.hwa, device=device)
+    if hwa.n_collected == 0:
+        raise UserError(f"trajectory {posterior.trajectory!r} collected no HWA snapshots")
+    return hwa
 
 
 @sampler("swa")
@@ -124,12 +135,7 @@ def _vi(posterior: PosteriorFile, req: Request) -> Draws:
 
 @sampler("hwa", "hwa_mf", "hwa_rho")
 def _hwa(posterior: PosteriorFile, req: Request) -> Draws:
-    assert posterior.hwa is not None
-    hwa = HWA.from_state_dict(posterior.hwa, device=req.device)
-    if hwa.n_collected == 0:
-        raise UserError(
-            f"{req.method.name}: trajectory {posterior.trajectory!r} collected no snapshots"
-        )
+    hwa = _hwa_state(posterior, req.device)
     variant = req.method.name
     return Draws(lambda s: (hwa.sample(variant, req.scale, req.generator), None), None)
 
@@ -177,8 +183,7 @@ def _centre_snapshot_mean(posterior: PosteriorFile, method: Method) -> list[Netw
 
 
 def _centre_hwa_mean(posterior: PosteriorFile, method: Method) -> list[Network]:
-    assert posterior.hwa is not None
-    return [(HWA.from_state_dict(posterior.hwa).mu.mean, None)]
+    return [(_hwa_state(posterior, "cpu").mu.mean, None)]
 
 
 def _centre_samples_mean(posterior: PosteriorFile, method: Method) -> list[Network]:

@@ -16,13 +16,13 @@ import pytest
 
 from bayesavg.report import PlaneData, PredictorResult, ReportInputs, pair_predictors, write_report
 from bayesavg.report.document import Heading, Preformatted, TableBlock
-from bayesavg.report.figures import epoch_offset, finetune_curves_figure, plane_grid
+from bayesavg.report.figures import epoch_offset, finetune_curves_figure, plane_grid, sigma_figure
 from bayesavg.report.findings import PAIRS_NOTE, Cell, Table, claim_sections, comparison_lines
 from bayesavg.report.render import to_html, to_markdown
 
 PNG_MAGIC = b"\x89PNG"
 FIGURES = ("reliability", "samples", "training")
-NEW_FIGURES = ("finetune_curves", "loss_plane")
+NEW_FIGURES = ("finetune_curves", "sigma", "loss_plane")
 
 
 def _reliability(shift: float) -> list[dict[str, float]]:
@@ -392,8 +392,19 @@ def _plane(scale: float, start: str) -> PlaneData:
     return PlaneData(grid, path, {**summary, "explained_variance_ratio": [0.6, 0.25]})
 
 
+def _sigma_ratio(median: float) -> dict[str, float]:
+    """Quantiles of sigma / sigma_0 spread around ``median``, as evaluate reports them."""
+    factors = {"min": 0.1, "p01": 0.2, "p10": 0.5, "p25": 0.8, "median": 1.0}
+    factors.update({"p75": 1.2, "p90": 1.5, "p99": 2.0, "max": 3.0, "mean": 1.05})
+    return {k: median * f for k, f in factors.items()}
+
+
+def _with_sigma(p: PredictorResult, median: float) -> PredictorResult:
+    return dataclasses.replace(p, metrics={**p.metrics, "sigma_ratio": _sigma_ratio(median)})
+
+
 def _full_inputs() -> ReportInputs:
-    """The pair case plus VI-family histories with test columns and two loss planes."""
+    """The pair case plus VI-family histories with test columns, sigma ratios, two planes."""
     finetune = {
         "vi": {"kind": "vi", "start": "pretrain", "epochs": 3},
         "hwa": {"kind": "hwa", "start": "vi", "epochs": 2},
@@ -405,8 +416,14 @@ def _full_inputs() -> ReportInputs:
         "vi": _vi_history(3, 0.95),
         "hwa": _vi_history(2, 0.96),
     }
+    pair = _pair_inputs()
+    predictors = [
+        _with_sigma(p, {"vi": 0.4, "hwa": 0.9}[p.name]) if p.name in ("vi", "hwa") else p
+        for p in pair.predictors
+    ]
     return dataclasses.replace(
-        _pair_inputs(),
+        pair,
+        predictors=predictors,
         params={"finetune": finetune},
         histories=histories,
         planes={"hwa": _plane(1.0, "vi"), "swag": _plane(0.001, "pretrain")},
@@ -471,6 +488,29 @@ def test_full_report_is_byte_identical(written_full: dict[str, Path]) -> None:
     assert again == written_full
     for name, data in before.items():
         assert again[name].read_bytes() == data
+
+
+def test_sigma_figure_only_with_sigma_ratios(written_full: dict[str, Path]) -> None:
+    md = written_full["md"].read_text(encoding="utf-8")
+    page = written_full["html"].read_text(encoding="utf-8")
+    # After the fine-tuning curves, before the loss plane.
+    order = [md.index(f"## Figure: {name}") for name in NEW_FIGURES]
+    assert order == sorted(order)
+    section = md.split("## Figure: sigma")[1].split("## Figure: loss_plane")[0]
+    assert "near 1 mean the variance barely moved" in section
+    # The medians are readable without the figure: vi 0.4, hwa 0.9; swag has no ratio.
+    assert "| vi | 0.4 | 0.2 to 0.6 |" in section and "| hwa | 0.9 |" in section
+    assert "| swag |" not in section and "| fswag |" not in section
+    assert "<td>0.4</td>" in page
+    full = _full_inputs()
+    assert sigma_figure(full.predictors) is not None
+    assert sigma_figure(_pair_inputs().predictors) is None
+    # A ratio that cannot sit on a log axis (zero) or lacks a quantile is left out.
+    broken = [
+        _with_sigma(full.predictors[2], 0.0),
+        dataclasses.replace(full.predictors[3], metrics={"sigma_ratio": {"median": 1.0}}),
+    ]
+    assert sigma_figure(broken) is None
 
 
 class _HtmlContent(HTMLParser):
@@ -551,7 +591,7 @@ def test_html_and_markdown_carry_the_same_content(written_full: dict[str, Path])
     page = _HtmlContent()
     page.feed(written_full["html"].read_text(encoding="utf-8"))
     md = _markdown_content(written_full["md"].read_text(encoding="utf-8"))
-    assert page.headings == md.headings
+    assert page.headings == md.headings and "Figure: sigma" in md.headings
     assert page.rows == md.rows and ("**" not in str(md.rows))
     assert page.bullets == md.bullets and page.pre == md.pre and page.captions == md.captions
     assert len(md.captions) == len(FIGURES + NEW_FIGURES)

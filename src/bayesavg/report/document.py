@@ -6,6 +6,7 @@ block looks, so the HTML page and the Markdown twin cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import yaml
@@ -62,6 +63,11 @@ class Preformatted:
 
 Block = Heading | Paragraph | Bullets | TableBlock | FigureBlock | Preformatted
 
+# Tables that give a figure's key numbers in text, shown right under the figure.
+_FIGURE_TABLES: dict[str, Callable[[ReportInputs], Table | None]] = {
+    "sigma": lambda inputs: findings.sigma_table(inputs.predictors),
+}
+
 
 def _bullets(lines: list[str], empty: str) -> Block:
     """A list, or a sentence saying there is nothing to list."""
@@ -99,6 +105,9 @@ def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
             Heading(2, f"Figure: {spec.name}"),
             FigureBlock(spec.name, pngs[spec.name], spec.caption),
         ]
+        numbers = _FIGURE_TABLES.get(spec.name, lambda _: None)(inputs)
+        if numbers is not None:
+            blocks.append(TableBlock(numbers))
     runs = Table(
         ["Stage", "MLflow run id"], [[Cell(s), Cell(r)] for s, r in inputs.run_ids.items()]
     )

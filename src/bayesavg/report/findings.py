@@ -284,3 +284,17 @@ def metrics_table(predictors: list[PredictorResult]) -> Table:
         row.append(Cell(f"{n:g}" if math.isfinite(n) else "n/a"))
         rows.append(row)
     return Table(header, rows)
+
+
+def sigma_table(predictors: list[PredictorResult]) -> Table | None:
+    """Median sigma / sigma_0 per variational predictor, with its middle 80%.
+
+    The number behind the sigma figure, readable without it; None when no
+    predictor reports the ratio.
+    """
+    rows = [
+        [Cell(p.name), Cell(f"{r['median']:.3g}"), Cell(f"{r['p10']:.3g} to {r['p90']:.3g}")]
+        for p in predictors
+        if (r := p.sigma_ratio) is not None
+    ]
+    return Table(["Predictor", "Median sigma/sigma_0", "p10 to p90"], rows) if rows else None

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
+
+# Quantiles of the per-weight ratio sigma / sigma_0 a variational predictor reports.
+SIGMA_KEYS = ("min", "p01", "p10", "p25", "median", "p75", "p90", "p99", "max", "mean")
 
 
 @dataclass(frozen=True)
 class PredictorResult:
-    """Everything the report needs about one evaluated predictor."""
+    """Everything the report needs about one evaluated predictor.
+
+    ``metrics`` holds floats by name; a variational predictor also holds
+    ``sigma_ratio``, the quantiles (``SIGMA_KEYS``) of sigma / sigma_0 over
+    its weights.
+    """
 
     name: str
     method: str
     trajectory: str
     scale: float
-    metrics: dict[str, float]
+    metrics: dict[str, Any]
     reliability: list[dict[str, float]]
     by_samples: list[dict[str, float]]
 
@@ -23,6 +32,21 @@ class PredictorResult:
         """The metric as a float; NaN when missing, so comparisons can say so."""
         value = self.metrics.get(key)
         return float(value) if value is not None else math.nan
+
+    @property
+    def sigma_ratio(self) -> dict[str, float] | None:
+        """The sigma / sigma_0 quantiles, or None unless all are there and positive.
+
+        They are drawn on a log axis, where a zero, negative or missing value
+        has no place; such a predictor is left out rather than half drawn.
+        """
+        stats = self.metrics.get("sigma_ratio")
+        if not isinstance(stats, dict):
+            return None
+        values = {k: stats.get(k) for k in SIGMA_KEYS}
+        if not all(isinstance(v, Real) and 0 < v < math.inf for v in values.values()):
+            return None
+        return {k: float(v) for k, v in values.items()}
 
 
 @dataclass(frozen=True)

@@ -5,28 +5,24 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
+import os
 import re
+import subprocess
+import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from bayesavg.report import (
-    PAIRS_NOTE,
-    PlaneData,
-    PredictorResult,
-    ReportInputs,
-    _epoch_offset,
-    _finetune_curves_figure,
-    _plane_grid,
-    claim_sections,
-    comparison_lines,
-    pair_predictors,
-    write_report,
-)
+from bayesavg.report import PlaneData, PredictorResult, ReportInputs, pair_predictors, write_report
+from bayesavg.report.document import Heading, Preformatted, TableBlock
+from bayesavg.report.figures import epoch_offset, finetune_curves_figure, plane_grid, sigma_figure
+from bayesavg.report.findings import PAIRS_NOTE, Cell, Table, claim_sections, comparison_lines
+from bayesavg.report.render import to_html, to_markdown
 
 PNG_MAGIC = b"\x89PNG"
 FIGURES = ("reliability", "samples", "training")
-NEW_FIGURES = ("finetune_curves", "loss_plane")
+NEW_FIGURES = ("finetune_curves", "sigma", "loss_plane")
 
 
 def _reliability(shift: float) -> list[dict[str, float]]:
@@ -396,8 +392,19 @@ def _plane(scale: float, start: str) -> PlaneData:
     return PlaneData(grid, path, {**summary, "explained_variance_ratio": [0.6, 0.25]})
 
 
+def _sigma_ratio(median: float) -> dict[str, float]:
+    """Quantiles of sigma / sigma_0 spread around ``median``, as evaluate reports them."""
+    factors = {"min": 0.1, "p01": 0.2, "p10": 0.5, "p25": 0.8, "median": 1.0}
+    factors.update({"p75": 1.2, "p90": 1.5, "p99": 2.0, "max": 3.0, "mean": 1.05})
+    return {k: median * f for k, f in factors.items()}
+
+
+def _with_sigma(p: PredictorResult, median: float) -> PredictorResult:
+    return dataclasses.replace(p, metrics={**p.metrics, "sigma_ratio": _sigma_ratio(median)})
+
+
 def _full_inputs() -> ReportInputs:
-    """The pair case plus VI-family histories with test columns and two loss planes."""
+    """The pair case plus VI-family histories with test columns, sigma ratios, two planes."""
     finetune = {
         "vi": {"kind": "vi", "start": "pretrain", "epochs": 3},
         "hwa": {"kind": "hwa", "start": "vi", "epochs": 2},
@@ -409,8 +416,14 @@ def _full_inputs() -> ReportInputs:
         "vi": _vi_history(3, 0.95),
         "hwa": _vi_history(2, 0.96),
     }
+    pair = _pair_inputs()
+    predictors = [
+        _with_sigma(p, {"vi": 0.4, "hwa": 0.9}[p.name]) if p.name in ("vi", "hwa") else p
+        for p in pair.predictors
+    ]
     return dataclasses.replace(
-        _pair_inputs(),
+        pair,
+        predictors=predictors,
         params={"finetune": finetune},
         histories=histories,
         planes={"hwa": _plane(1.0, "vi"), "swag": _plane(0.001, "pretrain")},
@@ -426,7 +439,7 @@ def test_new_figures_appear_with_their_data(written_full: dict[str, Path]) -> No
     assert set(written_full) == {"html", "md", *FIGURES, *NEW_FIGURES}
     md = written_full["md"].read_text(encoding="utf-8")
     page = written_full["html"].read_text(encoding="utf-8")
-    assert len(re.findall(r'src="data:image/png;base64,', page)) == 5
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == len(FIGURES + NEW_FIGURES)
     for name in NEW_FIGURES:
         assert f"![{name}](figures/{name}.png)" in md
         assert written_full[name].read_bytes().startswith(PNG_MAGIC)
@@ -444,26 +457,26 @@ def test_new_figures_absent_without_their_data(written: dict[str, Path]) -> None
         name: [{k: v for k, v in r.items() if "test" not in k} for r in rows]
         for name, rows in full.histories.items()
     }
-    assert _finetune_curves_figure(dataclasses.replace(full, histories=old)) is None
+    assert finetune_curves_figure(dataclasses.replace(full, histories=old)) is None
     # Test columns on a non-VI trajectory only: not a VI-family curve.
     params = {"finetune": {"vi": {"kind": "sgd", "start": "pretrain"}, "hwa": {"kind": "sgd"}}}
-    assert _finetune_curves_figure(dataclasses.replace(full, params=params)) is None
-    assert _finetune_curves_figure(full) is not None
+    assert finetune_curves_figure(dataclasses.replace(full, params=params)) is None
+    assert finetune_curves_figure(full) is not None
 
 
 def test_continuing_trajectories_start_after_their_origin() -> None:
     full = _full_inputs()
     finetune = full.params["finetune"]
-    assert _epoch_offset("vi", finetune, full.histories) == 0
-    assert _epoch_offset("hwa", finetune, full.histories) == 3  # vi's last epoch
+    assert epoch_offset("vi", finetune, full.histories) == 0
+    assert epoch_offset("hwa", finetune, full.histories) == 3  # vi's last epoch
     without = {k: v for k, v in full.histories.items() if k != "vi"}
     finetune = {**finetune, "vi": {**finetune["vi"], "epochs": 7}}
-    assert _epoch_offset("hwa", finetune, without) == 7  # falls back on vi's epochs
+    assert epoch_offset("hwa", finetune, without) == 7  # falls back on vi's epochs
 
 
 def test_plane_grid_is_placed_by_coordinates_not_row_order() -> None:
     plane = _plane(1.0, "vi")
-    a_values, b_values, z = _plane_grid(list(reversed(plane.grid)))
+    a_values, b_values, z = plane_grid(list(reversed(plane.grid)))
     assert a_values == b_values == [float(i - 2) for i in range(7)]
     for row in plane.grid:
         assert z[b_values.index(row["b"]), a_values.index(row["a"])] == row["loss"]
@@ -475,3 +488,134 @@ def test_full_report_is_byte_identical(written_full: dict[str, Path]) -> None:
     assert again == written_full
     for name, data in before.items():
         assert again[name].read_bytes() == data
+
+
+def test_sigma_figure_only_with_sigma_ratios(written_full: dict[str, Path]) -> None:
+    md = written_full["md"].read_text(encoding="utf-8")
+    page = written_full["html"].read_text(encoding="utf-8")
+    # After the fine-tuning curves, before the loss plane.
+    order = [md.index(f"## Figure: {name}") for name in NEW_FIGURES]
+    assert order == sorted(order)
+    section = md.split("## Figure: sigma")[1].split("## Figure: loss_plane")[0]
+    assert "near 1 mean the variance barely moved" in section
+    # The medians are readable without the figure: vi 0.4, hwa 0.9; swag has no ratio.
+    assert "| vi | 0.4 | 0.2 to 0.6 |" in section and "| hwa | 0.9 |" in section
+    assert "| swag |" not in section and "| fswag |" not in section
+    assert "<td>0.4</td>" in page
+    full = _full_inputs()
+    assert sigma_figure(full.predictors) is not None
+    assert sigma_figure(_pair_inputs().predictors) is None
+    # A ratio that cannot sit on a log axis (zero) or lacks a quantile is left out.
+    broken = [
+        _with_sigma(full.predictors[2], 0.0),
+        dataclasses.replace(full.predictors[3], metrics={"sigma_ratio": {"median": 1.0}}),
+    ]
+    assert sigma_figure(broken) is None
+
+
+class _HtmlContent(HTMLParser):
+    """Headings, table rows (text, bold), list items, pre blocks and captions of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headings: list[str] = []
+        self.rows: list[list[tuple[str, bool]]] = []
+        self.bullets: list[str] = []
+        self.pre: list[str] = []
+        self.captions: list[str] = []
+        self._text: list[str] | None = None
+        self._bold = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        elif tag == "strong":
+            self._bold = True
+        elif tag in ("h1", "h2", "h3", "td", "th", "li", "pre", "figcaption"):
+            self._text = []
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._text is None or tag == "strong":
+            return
+        text = "".join(self._text)
+        if tag in ("h1", "h2", "h3"):
+            self.headings.append(text)
+        elif tag in ("td", "th"):
+            self.rows[-1].append((text, self._bold))
+            self._bold = False
+        elif tag == "li":
+            self.bullets.append(text)
+        elif tag == "pre":
+            self.pre.append(text.rstrip())
+        elif tag == "figcaption":
+            self.captions.append(text)
+        self._text = None
+
+
+def _markdown_content(md: str) -> _HtmlContent:
+    """The same parts read back from the Markdown; fenced text is verbatim."""
+    found = _HtmlContent()
+    fence, code = "", []
+    for line in md.splitlines():
+        if fence:
+            if line == fence:
+                found.pre.append("\n".join(code).rstrip())
+                fence, code = "", []
+            else:
+                code.append(line)
+        elif m := re.match(r"(`{3,})\w*$", line):
+            fence = m[1]
+        elif m := re.match(r"#+ (.*)$", line):
+            found.headings.append(m[1])
+        elif line.startswith("- "):
+            found.bullets.append(line[2:])
+        elif line.startswith("|") and not line.startswith("|---"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            found.rows.append(
+                [
+                    ((c[2:-2] if bold else c).replace("\\|", "|"), bold)
+                    for c in cells
+                    for bold in [c.startswith("**") and c.endswith("**")]
+                ]
+            )
+        elif re.fullmatch(r"\*[^*].*\*", line):
+            found.captions.append(line[1:-1])
+    return found
+
+
+def test_html_and_markdown_carry_the_same_content(written_full: dict[str, Path]) -> None:
+    page = _HtmlContent()
+    page.feed(written_full["html"].read_text(encoding="utf-8"))
+    md = _markdown_content(written_full["md"].read_text(encoding="utf-8"))
+    assert page.headings == md.headings and "Figure: sigma" in md.headings
+    assert page.rows == md.rows and ("**" not in str(md.rows))
+    assert page.bullets == md.bullets and page.pre == md.pre and page.captions == md.captions
+    assert len(md.captions) == len(FIGURES + NEW_FIGURES)
+    assert any(bold for row in md.rows for _, bold in row)
+
+
+def test_markdown_escapes_table_pipes_and_fences_verbatim_text() -> None:
+    notes = "a ```` run, a | pipe"
+    blocks = [
+        Heading(1, "t"),
+        TableBlock(Table(["a|b", "c"], [[Cell("x|y", True), Cell("z")]])),
+        Preformatted(notes, "text"),
+    ]
+    md = to_markdown(blocks)
+    assert "| a\\|b | c |" in md and "| **x\\|y** | z |" in md
+    assert f"`````text\n{notes}\n`````" in md
+    content = _markdown_content(md)
+    assert content.rows == [[("a|b", False), ("c", False)], [("x|y", True), ("z", False)]]
+    assert content.pre == [notes]
+    page = to_html(blocks)
+    assert "<td><strong>x|y</strong></td>" in page and f"<pre>{notes}</pre>" in page
+
+
+def test_report_package_imports_without_torch() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    code = "import bayesavg.report, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)

@@ -113,6 +113,7 @@ def tracked(
     inputs: Sequence[Path] = (),
     id_file: Path | None = None,
     resume: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
     """An MLflow run named after the DVC stage; its id goes to ``id_file``.
 
@@ -120,37 +121,32 @@ def tracked(
     that DVC skips keeps the link to the run that made its outputs.
     ``inputs``: files this stage reads that earlier stages wrote; the run
     is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
-    ``resume``: a run id to continue (from a checkpoint).
+    ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags.
     """
     from bayesavg.tracking import default_store, git_commit, start_run
 
     root = project_root()
     uri, artifacts = default_store(root)
     commit = git_commit(Path.cwd())
-    tags = {
+    run_tags = {
         "mlflow.source.git.commit": commit,
         "git_commit": commit,
         "dvc_stage": stage,
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
         "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "command": " ".join(sys.argv),
+        **(tags or {}),
     }
     with start_run(
         stage,
         tracking_uri=uri,
         artifact_location=artifacts,
         experiment=p.tracking.experiment,
-        tags=tags,
+        tags=run_tags,
+        inputs={str(path): digest(path) for path in inputs},
         resume=resume,
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
-        upstream = {}
-        for path in inputs:
-            found = run.producer(str(path), digest(path))
-            if found is not None:
-                upstream[f"upstream.{found[1]}"] = found[0]
-        if upstream:
-            run.set_tags(upstream)
         yield run
     write_json(
         id_file or run_file(stage),

@@ -91,8 +91,9 @@ def run() -> None:
             "input_shape": manifest["input_shape"],
         },
     )
-    with tracked("report", p, {"report": p.report.model_dump()}, id_file=OUT / "run.json") as mlrun:
-        mlrun.set_tags({f"upstream.{stage}": run_id for stage, run_id in run_ids.items()})
+    upstream = {f"upstream.{stage}": run_id for stage, run_id in run_ids.items()}
+    logged = {"report": p.report.model_dump()}
+    with tracked("report", p, logged, id_file=OUT / "run.json", tags=upstream) as mlrun:
         paths = write_report(inputs, OUT)
         for path in paths.values():
             mlrun.log_artifact(path, "report")

@@ -1,8 +1,13 @@
 """End to end: `dvc repro` on tiny params in a fresh git + DVC repo.
 
-Checks the outputs, the MLflow runs (one per stage execution, named after
-the stage, with tags), that a second `dvc repro` does nothing, and that a
-bad params.yaml stops the pipeline before any output is touched.
+The params keep one trajectory of every kind and a predictor of every
+registry method, on an MLP with BatchNorm (so sampling, BN update and BMA
+run through the real stages). Checks the outputs, the MLflow runs (one per
+stage execution, named after the stage, with tags and upstream links),
+that every file a stage imported or read is a declared dep (traced), that
+a second `dvc repro` does nothing, that a bad params.yaml stops the
+pipeline before any output is touched, and that a Python without the
+project fails in one line.
 """
 
 from __future__ import annotations
@@ -19,28 +24,48 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from stage_deps import covered
+
+from bayesavg.methods import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+ENSEMBLE_MEMBERS = 2
+KEPT_TRAJECTORIES = ("swag", "vi", "hwa", "mc_dropout", "ensemble", "sgld")
+PREDICTORS = {
+    "map": {"trajectory": "mc_dropout", "method": "map"},
+    "mc_dropout": {"trajectory": "mc_dropout", "method": "mc_dropout"},
+    "swa": {"trajectory": "swag", "method": "swa"},
+    "swag_diag": {"trajectory": "swag", "method": "swag_diag", "scale": 1.0},
+    "swag": {"trajectory": "swag", "method": "swag", "scale": 0.5},
+    "vi": {"trajectory": "vi", "method": "vi"},
+    "hwa": {"trajectory": "hwa", "method": "hwa", "scale": 0.5},
+    "hwa_mf": {"trajectory": "hwa", "method": "hwa_mf"},
+    "hwa_rho": {"trajectory": "hwa", "method": "hwa_rho"},
+    "ensemble": {"trajectory": "ensemble", "method": "ensemble"},
+    "sgld": {"trajectory": "sgld", "method": "sgld"},
+}
+PLANES = ["hwa"]
 STAGES = {
     "data",
     "pretrain",
     "report",
-    *(f"finetune@{t}" for t in PARAMS["finetune"]),
-    *(f"evaluate@{p}" for p in PARAMS["evaluate"]["predictors"]),
-    *(f"plane@{t}" for t in PARAMS["evaluate"]["plane"]["trajectories"]),
+    *(f"finetune@{t}" for t in KEPT_TRAJECTORIES),
+    *(f"evaluate@{p}" for p in PREDICTORS),
+    *(f"plane@{t}" for t in PLANES),
 }
-ENSEMBLE_MEMBERS = 2
 
 
 def tiny_params() -> dict[str, Any]:
-    """The default params, shrunk to seconds: a small MLP, 1-2 epochs, 3 samples."""
+    """The default params shrunk to seconds: a small BatchNorm MLP, 1-2 epochs, 3 samples,
+    one trajectory of each kind (swag with SAM) and a predictor of every method."""
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["device"] = "cpu"
-    raw["model"] = {"name": "mlp", "hidden": [32]}
+    raw["model"] = {"name": "mlp", "hidden": [32], "batch_norm": True}
     raw["pretrain"]["epochs"] = 1
     raw["pretrain"]["members"] = ENSEMBLE_MEMBERS
+    raw["finetune"] = {k: raw["finetune"][k] for k in KEPT_TRAJECTORIES}
+    raw["finetune"]["swag"]["sam_rho"] = 0.05
     for traj in raw["finetune"].values():
         traj["epochs"] = 2
         traj["batch_size"] = 256
@@ -50,42 +75,58 @@ def tiny_params() -> dict[str, Any]:
         if "members" in traj:
             traj["members"] = ENSEMBLE_MEMBERS
     raw["evaluate"]["n_samples"] = 3
-    raw["evaluate"]["plane"].update(grid=5, n_points=200)
+    raw["evaluate"]["predictors"] = PREDICTORS
+    raw["evaluate"]["plane"].update(trajectories=PLANES, grid=5, n_points=200)
     return raw
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["MLFLOW_DISABLE_TELEMETRY"] = "true"
     env["DVC_NO_ANALYTICS"] = "1"
     env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "test"
     env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
+    env.update(extra)
     return env
 
 
-def sh(repo: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=repo, env=_env(), capture_output=True, text=True)
+def sh(
+    repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=repo, env=env or _env(), capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A git + DVC repo with the project's pipeline and tiny params, reproduced once."""
-    repo = tmp_path_factory.mktemp("pipeline")
+def make_repo(root: Path, params: dict[str, Any]) -> Path:
+    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced."""
+    repo = root
     shutil.copy(ROOT / "dvc.yaml", repo)
     shutil.copy(ROOT / ".gitignore", repo)
     shutil.copytree(ROOT / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh(repo, "git", "init", "-q")
     sh(repo, str(BIN / "dvc"), "init", "-q")
     sh(repo, str(BIN / "dvc"), "config", "core.analytics", "false")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "init")
-    sh(repo, str(BIN / "dvc"), "repro")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory, traces: Path) -> Path:
+    """The tiny pipeline, reproduced once with every Python process traced."""
+    repo = make_repo(tmp_path_factory.mktemp("pipeline"), tiny_params())
+    traced = _env(PYTHONPATH=str(ROOT / "tests" / "trace"), BAYESAVG_TRACE_DIR=str(traces))
+    sh(repo, str(BIN / "dvc"), "repro", env=traced)
     return repo
 
 
@@ -99,24 +140,35 @@ def _runs(repo: Path) -> list[Any]:
     return client.search_runs([exp.experiment_id], max_results=1000)
 
 
+def test_params_cover_every_method_and_kind() -> None:
+    raw = tiny_params()
+    assert {p["method"] for p in raw["evaluate"]["predictors"].values()} == set(REGISTRY)
+    kinds = {t.get("kind", "sgd") for t in raw["finetune"].values()}
+    assert kinds == {"sgd", "vi", "hwa", "ensemble", "sgld"}
+    assert any(t.get("sam_rho", 0) > 0 for t in raw["finetune"].values())
+
+
 def test_outputs(repo: Path) -> None:
-    for name in ("sgd", "swag"):
+    for name in ("mc_dropout", "swag"):
         post = torch.load(repo / "models" / name / "posterior.pt", weights_only=True)
-        assert post["model"] == {"name": "mlp", "kwargs": {"hidden": [32]}}
+        assert post["model"]["name"] == "mlp"
+        assert post["model"]["kwargs"]["batch_norm"] is True
+        assert any(k.endswith("running_mean") for k in post["buffers"])
         assert post["input"]["shape"] == [1, 28, 28]
         assert post["num_classes"] == 10
     manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
     n_train, n_val = manifest["splits"]["train"]["n"], manifest["splits"]["val"]["n"]
     assert n_train + n_val + manifest["splits"]["test"]["n"] == 5000
-    swag = torch.load(repo / "models/swag/posterior.pt", weights_only=True)["collector"]
-    assert swag["n_collected"] == 2 * math.ceil(n_train / 256) // 4
-    for pred in PARAMS["evaluate"]["predictors"]:
+    swag = torch.load(repo / "models/swag/posterior.pt", weights_only=True)
+    assert swag["collector"]["n_collected"] == 2 * math.ceil(n_train / 256) // 4
+    start = torch.load(repo / "models/pretrain/posterior.pt", weights_only=True)
+    assert torch.equal(swag["start_theta"], start["theta"])
+    for pred, spec in PREDICTORS.items():
         metrics = json.loads((repo / "metrics" / f"{pred}.json").read_text())
         assert {"accuracy", "nll", "ece", "ece15", "brier", "n"} <= set(metrics)
         assert metrics["n"] == 1000
-        assert 0.5 < metrics["accuracy"] <= 1
-        method = PARAMS["evaluate"]["predictors"][pred]["method"]
-        expected = {"map": 1, "swa": 1, "ensemble": ENSEMBLE_MEMBERS}.get(method, 3)
+        assert 0.5 < metrics["accuracy"] <= 1, pred
+        expected = {"map": 1, "swa": 1, "ensemble": ENSEMBLE_MEMBERS}.get(spec["method"], 3)
         assert metrics["n_samples"] == expected, pred
         assert math.isfinite(metrics["sharpness"]) and math.isfinite(metrics["hessian_trace"])
         assert metrics["val"]["n"] == n_val
@@ -126,27 +178,74 @@ def test_outputs(repo: Path) -> None:
         assert sum(int(line.split(",")[-1]) for line in rel[1:]) == 1000
         samples = (repo / "plots/samples" / f"{pred}.csv").read_text().splitlines()
         assert len(samples) == 1 + metrics["n_samples"]
-    for traj in PARAMS["evaluate"]["plane"]["trajectories"]:
+    for traj in PLANES:
         grid = (repo / "plots/plane" / traj / "grid.csv").read_text().splitlines()
         assert len(grid) == 1 + 5 * 5
     pretrained = torch.load(repo / "models/pretrain/posterior.pt", weights_only=True)
     assert pretrained["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
     assert torch.equal(pretrained["samples"]["theta"][0], pretrained["theta"])
-    for name, traj in PARAMS["finetune"].items():
+    for name in KEPT_TRAJECTORIES:
         history = (repo / "plots/finetune" / f"{name}.csv").read_text().splitlines()
         assert "test_accuracy" in history[0].split(",")
         assert len(history) == 1 + 2
-        if traj.get("kind") == "ensemble":
-            post = torch.load(repo / "models" / name / "posterior.pt", weights_only=True)
-            assert post["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
+    ensemble = torch.load(repo / "models/ensemble/posterior.pt", weights_only=True)
+    assert ensemble["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
     sha = (repo / "models/pretrain/posterior.sha256").read_text().split()[0]
     from bayesavg.io import sha256_file
 
     assert sha == sha256_file(repo / "models/pretrain/posterior.pt")
     html = (repo / "reports/report.html").read_text()
     md = (repo / "reports/report.md").read_text()
-    for pred in PARAMS["evaluate"]["predictors"]:
+    for pred in PREDICTORS:
         assert pred in html and pred in md
+    assert not list((repo / "checkpoints").glob("*")), "finished stages delete their checkpoints"
+
+
+def _traced_stages(repo: Path, traces: Path) -> dict[str, dict[str, Any]]:
+    """Each stage's trace record, matched to its dvc.lock entry by command."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    by_cmd = {entry["cmd"]: name for name, entry in lock.items()}
+    records = {}
+    for file in traces.glob("*.json"):
+        record = json.loads(file.read_text())
+        argv = record["argv"]
+        if argv and argv[0].startswith("stages/"):
+            records[by_cmd["python " + " ".join(argv)]] = record
+    return records
+
+
+def _project_path(path: str, repo: Path) -> str | None:
+    """A path relative to the test repo, or to the project's src/ (the installed
+    package); None for anything else (the venv, the system, temporary files)."""
+    p = Path(path)
+    for base, prefix in ((repo, ""), (ROOT / "src", "src/")):
+        if p.is_relative_to(base):
+            return prefix + p.relative_to(base).as_posix()
+    return None
+
+
+_NOT_PIPELINE = (".git/", ".dvc/", "mlflow.db", "mlartifacts/", "checkpoints/")
+
+
+def test_stages_import_and_read_only_declared_deps(repo: Path, traces: Path) -> None:
+    """What each stage process really imported and opened is declared in dvc.yaml."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    records = _traced_stages(repo, traces)
+    assert set(records) == STAGES | {"validate"}
+    for stage, record in records.items():
+        deps = [d["path"] for d in lock[stage].get("deps", [])]
+        outs = [o["path"] for o in lock[stage].get("outs", [])]
+        used = {
+            rel
+            for path in record["read"] + record["modules"]
+            if (rel := _project_path(path, repo)) is not None
+            and "__pycache__" not in rel
+            and not rel.startswith(_NOT_PIPELINE)
+            and rel != "params.yaml"  # DVC tracks the stage's params by key
+        }
+        assert any(rel.startswith("src/bayesavg/") for rel in used), stage
+        undeclared = sorted(rel for rel in used if not covered(rel, deps + outs))
+        assert not undeclared, f"{stage} used files dvc.yaml does not declare: {undeclared}"
 
 
 def test_mlflow_runs(repo: Path) -> None:
@@ -162,10 +261,16 @@ def test_mlflow_runs(repo: Path) -> None:
         assert json.loads(run_file.read_text())["run_id"] == run.info.run_id
     swag = by_name["evaluate@swag"]
     assert swag.data.tags["upstream.finetune@swag"] == by_name["finetune@swag"].info.run_id
+    assert swag.data.tags["upstream.data"] == by_name["data"].info.run_id
+    hwa = by_name["finetune@hwa"]
+    assert hwa.data.tags["upstream.finetune@vi"] == by_name["finetune@vi"].info.run_id
+    assert by_name["finetune@vi"].data.tags["upstream.pretrain"] == by_name["pretrain"].info.run_id
     assert swag.data.params["predictor.method"] == "swag"
     assert {"accuracy", "nll", "ece", "brier", "val_nll"} <= set(swag.data.metrics)
     assert by_name["pretrain"].data.params["pretrain.epochs"] == "1"
     assert "train_loss" in by_name["pretrain"].data.metrics
+    report = by_name["report"]
+    assert report.data.tags["upstream.evaluate@swag"] == swag.info.run_id
     artifacts = repo / "mlartifacts"
     assert any(artifacts.rglob("report.html"))
     assert any(artifacts.rglob("posterior.pt"))
@@ -206,6 +311,25 @@ def test_bad_params_stop_before_any_output(repo: Path) -> None:
     finally:
         params.write_text(good)
     assert "Running stage" not in sh(repo, str(BIN / "dvc"), "repro").stdout
+
+
+def test_python_without_the_project_fails_in_one_line(repo: Path, tmp_path: Path) -> None:
+    """`.venv/bin/dvc repro` without activating: the stage's `python` is one that
+    cannot import bayesavg; it says so in one line, no traceback."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys._base_executable)  # type: ignore[attr-defined]
+    env = _env()
+    env["PATH"] = f"{bare}{os.pathsep}{os.environ.get('PATH', '')}"
+    proc = sh(repo, str(BIN / "dvc"), "repro", "--force", "validate", check=False, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, output
+    assert "cannot import bayesavg" in lines[0]
+    assert "source .venv/bin/activate" in lines[0]
+    sh(repo, str(BIN / "dvc"), "repro")
 
 
 def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:

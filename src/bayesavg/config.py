@@ -59,10 +59,21 @@ class ModelParams(_Section):
     name: Literal["mlp", "lenet5", "vgg16_bn", "preresnet20"] = "lenet5"
     hidden: list[PosInt] = Field(default_factory=lambda: [512, 256])
     dropout: DropoutRate | None = None  # None: the model's own (0.5 for vgg16_bn, else 0)
+    batch_norm: bool = False  # mlp only: BatchNorm after each hidden layer
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelParams:
+        if self.batch_norm and self.name != "mlp":
+            raise ValueError(
+                f"batch_norm: only mlp takes it ({self.name} has its own normalisation or none)"
+            )
+        return self
 
     def kwargs(self) -> dict[str, Any]:
         """Constructor arguments beyond shape and classes, per model."""
         out: dict[str, Any] = {"hidden": list(self.hidden)} if self.name == "mlp" else {}
+        if self.batch_norm:
+            out["batch_norm"] = True
         if self.dropout is not None:
             out["dropout"] = self.dropout
         return out

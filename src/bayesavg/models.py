@@ -26,12 +26,20 @@ def mlp(
     num_classes: int,
     hidden: tuple[int, ...] = (512, 256),
     dropout: float = 0.0,
+    batch_norm: bool = False,
 ) -> nn.Module:
-    """Fully connected ReLU network on flattened images; dropout after each hidden layer."""
+    """Fully connected ReLU network on flattened images; dropout after each hidden layer.
+
+    ``batch_norm`` adds BatchNorm after each hidden linear layer: the smallest
+    model that exercises the BatchNorm paths (BN update after sampling, ALGORITHMS §6).
+    """
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_shape[0] * in_shape[1] * in_shape[2]
     for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU(inplace=True), nn.Dropout(dropout)]
+        layers.append(nn.Linear(width, h))
+        if batch_norm:
+            layers.append(nn.BatchNorm1d(h))
+        layers += [nn.ReLU(inplace=True), nn.Dropout(dropout)]
         width = h
     layers.append(nn.Linear(width, num_classes))
     return nn.Sequential(*layers)

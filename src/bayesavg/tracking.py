@@ -100,20 +100,27 @@ class Run:
 
     def mark_outputs(self, digests: Mapping[str, str]) -> None:
         """Tag the run with the sha256 of each output it wrote (``OUTPUT_TAG`` + path),
-        so a later run that reads those bytes can find this one (``producer``)."""
+        so a later run that reads those bytes can find this one (``_upstream``)."""
         self.set_tags({f"{OUTPUT_TAG}{path}": digest for path, digest in digests.items()})
 
-    def producer(self, path: str, digest: str) -> tuple[str, str] | None:
-        """(run id, run name) of the newest run in this run's experiment that wrote
-        ``path`` with these bytes, or None."""
-        experiment = self._client.get_run(self.run_id).info.experiment_id
-        found = self._client.search_runs(
-            [experiment],
+
+def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dict[str, str]:
+    """``upstream.<run name>`` -> run id of the newest run that wrote each input's bytes.
+
+    ``inputs`` maps a path to its sha256. The link is by content, so it names
+    the run that made the very file read, whichever workspace it ran in.
+    """
+    links = {}
+    for path, digest in inputs.items():
+        found = client.search_runs(
+            [experiment_id],
             filter_string=f"tags.`{OUTPUT_TAG}{path}` = '{digest}'",
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
-        return (found[0].info.run_id, found[0].info.run_name) if found else None
+        if found:
+            links[f"upstream.{found[0].info.run_name}"] = found[0].info.run_id
+    return links
 
 
 def _client(tracking_uri: str) -> Any:
@@ -145,22 +152,27 @@ def start_run(
     artifact_location: str,
     experiment: str = "bayesavg",
     tags: Mapping[str, str] | None = None,
+    inputs: Mapping[str, str] | None = None,
     resume: str | None = None,
 ) -> Iterator[Run]:
     """Create a run, yield it, and mark it FINISHED (or FAILED on an exception).
 
-    ``resume``: the id of a run to continue (a stage resumed from its
-    checkpoint logs into the run it started), if it still exists.
+    ``inputs`` (path -> sha256 of files the run reads) adds an
+    ``upstream.<stage>`` tag per run that wrote them. Tags are set when the
+    run is created: MLflow accepts a DVC stage name (``finetune@swag``) in a
+    tag key there, not in ``log_batch``. ``resume``: the id of a run to
+    continue (a stage resumed from its checkpoint logs into the run it
+    started, which has its tags already), if it still exists.
     """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
     run = _resumed(client, resume, exp_id) if resume else None
     if run is not None:
         client.update_run(run.run_id, status="RUNNING")
-        run.set_tags(dict(tags or {}))
         log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
     else:
-        mlflow_run = client.create_run(exp_id, run_name=run_name, tags=dict(tags or {}))
+        tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
+        mlflow_run = client.create_run(exp_id, run_name=run_name, tags=tags)
         run = Run(client, mlflow_run.info.run_id)
         log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
     try:

@@ -1,0 +1,49 @@
+"""Record what a pipeline stage process imports and opens, for tests/test_pipeline.py.
+
+Python imports ``sitecustomize`` at start-up from the first folder on its
+path that has one; the end-to-end test puts this folder on PYTHONPATH and
+sets BAYESAVG_TRACE_DIR, and every Python process of the run (DVC's own
+too) then writes ``<pid>.json`` there at exit: its argv, working directory,
+the files it opened for reading and the files of its imported modules.
+Without BAYESAVG_TRACE_DIR this does nothing.
+"""
+
+import os
+
+_TRACE_DIR = os.environ.get("BAYESAVG_TRACE_DIR")
+
+if _TRACE_DIR:
+    import atexit
+    import json
+    import sys
+
+    _read: set[str] = set()
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+
+    def _audit(event: str, args: tuple) -> None:
+        if event != "open":
+            return
+        path, mode, flags = args
+        if not isinstance(path, str | bytes | os.PathLike):
+            return  # an open file descriptor
+        writes = any(c in mode for c in "wax+") if isinstance(mode, str) else False
+        if not writes and not (isinstance(flags, int) and flags & _WRITE_FLAGS):
+            _read.add(os.path.abspath(os.fsdecode(path)))
+
+    def _dump() -> None:
+        modules = {  # torch registers pseudo-modules whose __file__ is a bare name
+            file
+            for module in list(sys.modules.values())
+            if isinstance(file := getattr(module, "__file__", None), str) and os.path.isabs(file)
+        }
+        record = {
+            "argv": sys.argv,
+            "cwd": os.getcwd(),
+            "read": sorted(_read),
+            "modules": sorted(modules),
+        }
+        with open(os.path.join(_TRACE_DIR, f"{os.getpid()}.json"), "w") as f:
+            json.dump(record, f)
+
+    sys.addaudithook(_audit)
+    atexit.register(_dump)

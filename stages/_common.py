@@ -1,7 +1,10 @@
 """What every stage shares: project root, params, the MLflow run, checkpoints.
 
 This is the only place that knows about DVC (its env vars and workspaces);
-the library under src/ does not.
+the library under src/ does not. Stages import torch-heavy modules inside
+``run()``: ``main`` first starts the MLflow tracking worker, which then
+imports mlflow and opens its store on the other core while the stage
+imports torch (``bayesavg.tracking_worker``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
 from bayesavg.entry import run_entry
 from bayesavg.io import sha256_file, write_json
+from bayesavg.tracking import default_store, git_commit
+from bayesavg.tracking_worker import Tracker
 
 PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
@@ -40,7 +45,14 @@ def project_root() -> Path:
     return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
 
 
-def main(fn: Callable[[], None]) -> None:
+_tracker: Tracker | None = None
+
+
+def main(fn: Callable[[], None], tracking: bool = True) -> None:
+    """Run a stage; ``tracking`` starts the MLflow worker before anything else."""
+    global _tracker
+    if tracking:
+        _tracker = Tracker.spawn(*default_store(project_root()))
     run_entry(fn)
 
 
@@ -123,10 +135,9 @@ def tracked(
     is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
     ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags.
     """
-    from bayesavg.tracking import default_store, git_commit, start_run
-
-    root = project_root()
-    uri, artifacts = default_store(root)
+    global _tracker
+    tracker = _tracker or Tracker.spawn(*default_store(project_root()))
+    _tracker = None
     commit = git_commit(Path.cwd())
     run_tags = {
         "mlflow.source.git.commit": commit,
@@ -137,10 +148,8 @@ def tracked(
         "command": " ".join(sys.argv),
         **(tags or {}),
     }
-    with start_run(
+    with tracker.run(
         stage,
-        tracking_uri=uri,
-        artifact_location=artifacts,
         experiment=p.tracking.experiment,
         tags=run_tags,
         inputs={str(path): digest(path) for path in inputs},

@@ -2,10 +2,11 @@
 
 from _common import MANIFEST, PREPARED, main, mark_outputs, params, tracked
 
-from bayesavg.data import prepare
-
 
 def run() -> None:
+    # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.data import prepare
+
     p = params()
     d = p.data
     with tracked("data", p, {"data": d.model_dump()}) as mlrun:

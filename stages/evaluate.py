@@ -5,15 +5,17 @@ from pathlib import Path
 
 from _common import MANIFEST, PREPARED, main, params, tracked
 
-from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
-from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, needs_bn_data
 from bayesavg.io import write_csv, write_json
-from bayesavg.posterior_file import load_posterior
-from bayesavg.seeding import derive_seed, resolve_device
 
 
 def run() -> None:
+    # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.data import load_prepared
+    from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, needs_bn_data
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.seeding import derive_seed, resolve_device
+
     p = params()
     if len(sys.argv) != 2 or sys.argv[1] not in p.evaluate.predictors:
         raise UserError(

@@ -10,15 +10,17 @@ from pathlib import Path
 
 from _common import MANIFEST, PREPARED, main, mark_outputs, params, stage_checkpoint, tracked
 
-from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv
-from bayesavg.posterior_file import load_posterior, save_posterior
-from bayesavg.seeding import resolve_device
-from bayesavg.trajectories import finetune
 
 
 def run() -> None:
+    # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.data import load_prepared
+    from bayesavg.posterior_file import load_posterior, save_posterior
+    from bayesavg.seeding import resolve_device
+    from bayesavg.trajectories import finetune
+
     p = params()
     if len(sys.argv) != 2 or sys.argv[1] not in p.finetune:
         raise UserError(f"usage: finetune.py <trajectory>, one of {', '.join(p.finetune)}")

@@ -5,17 +5,19 @@ from pathlib import Path
 
 from _common import MANIFEST, PREPARED, main, params, tracked
 
-from bayesavg.data import load_prepared
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json
-from bayesavg.plane import loss_plane
-from bayesavg.posterior_file import load_posterior
-from bayesavg.seeding import derive_seed, resolve_device
 
 OUT = Path("plots/plane")
 
 
 def run() -> None:
+    # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.data import load_prepared
+    from bayesavg.plane import loss_plane
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.seeding import derive_seed, resolve_device
+
     p = params()
     pp = p.evaluate.plane
     if len(sys.argv) != 2 or sys.argv[1] not in pp.trajectories:

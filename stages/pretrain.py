@@ -7,16 +7,18 @@ from pathlib import Path
 
 from _common import MANIFEST, PREPARED, main, mark_outputs, params, stage_checkpoint, tracked
 
-from bayesavg.data import load_prepared
 from bayesavg.io import sha256_file, write_csv, write_json, write_text
-from bayesavg.posterior_file import save_posterior
-from bayesavg.seeding import resolve_device
-from bayesavg.trajectories import pretrain_members
 
 OUT = Path("models/pretrain/posterior.pt")
 
 
 def run() -> None:
+    # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.data import load_prepared
+    from bayesavg.posterior_file import save_posterior
+    from bayesavg.seeding import resolve_device
+    from bayesavg.trajectories import pretrain_members
+
     p = params()
     logged = {"model": p.model.model_dump(), "pretrain": p.pretrain.model_dump()}
     ckpt = stage_checkpoint("pretrain", p, logged, [MANIFEST])

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,12 +22,11 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from pipeline_repo import BIN, ROOT, default_params, env, make_repo, sh
 from stage_deps import covered
 
 from bayesavg.methods import REGISTRY
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 ENSEMBLE_MEMBERS = 2
 KEPT_TRAJECTORIES = ("swag", "vi", "hwa", "mc_dropout", "ensemble", "sgld")
 PREDICTORS = {
@@ -59,7 +56,7 @@ STAGES = {
 def tiny_params() -> dict[str, Any]:
     """The default params shrunk to seconds: a small BatchNorm MLP, 1-2 epochs, 3 samples,
     one trajectory of each kind (swag with SAM) and a predictor of every method."""
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw = default_params()
     raw["device"] = "cpu"
     raw["model"] = {"name": "mlp", "hidden": [32], "batch_norm": True}
     raw["pretrain"]["epochs"] = 1
@@ -80,42 +77,6 @@ def tiny_params() -> dict[str, Any]:
     return raw
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
-    env["DVC_NO_ANALYTICS"] = "1"
-    env["GIT_AUTHOR_NAME"] = env["GIT_COMMITTER_NAME"] = "test"
-    env["GIT_AUTHOR_EMAIL"] = env["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
-    env.update(extra)
-    return env
-
-
-def sh(
-    repo: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=repo, env=env or _env(), capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def make_repo(root: Path, params: dict[str, Any]) -> Path:
-    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced."""
-    repo = root
-    shutil.copy(ROOT / "dvc.yaml", repo)
-    shutil.copy(ROOT / ".gitignore", repo)
-    shutil.copytree(ROOT / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    sh(repo, "git", "init", "-q")
-    sh(repo, str(BIN / "dvc"), "init", "-q")
-    sh(repo, str(BIN / "dvc"), "config", "core.analytics", "false")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "commit", "-qm", "init")
-    return repo
-
-
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("traces")
@@ -125,8 +86,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def repo(tmp_path_factory: pytest.TempPathFactory, traces: Path) -> Path:
     """The tiny pipeline, reproduced once with every Python process traced."""
     repo = make_repo(tmp_path_factory.mktemp("pipeline"), tiny_params())
-    traced = _env(PYTHONPATH=str(ROOT / "tests" / "trace"), BAYESAVG_TRACE_DIR=str(traces))
-    sh(repo, str(BIN / "dvc"), "repro", env=traced)
+    traced = env(PYTHONPATH=str(ROOT / "tests" / "trace"), BAYESAVG_TRACE_DIR=str(traces))
+    sh(repo, str(BIN / "dvc"), "repro", environ=traced)
     return repo
 
 
@@ -319,9 +280,8 @@ def test_python_without_the_project_fails_in_one_line(repo: Path, tmp_path: Path
     bare = tmp_path / "bin"
     bare.mkdir()
     (bare / "python").symlink_to(sys._base_executable)  # type: ignore[attr-defined]
-    env = _env()
-    env["PATH"] = f"{bare}{os.pathsep}{os.environ.get('PATH', '')}"
-    proc = sh(repo, str(BIN / "dvc"), "repro", "--force", "validate", check=False, env=env)
+    outside = env(PATH=f"{bare}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = sh(repo, str(BIN / "dvc"), "repro", "--force", "validate", check=False, environ=outside)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "Traceback" not in output

@@ -81,3 +81,24 @@ def test_f_vi_uses_the_same_eps_in_both_passes() -> None:
     svi_step(100)(vi_b, x, y)
     assert torch.allclose(vi_a.mu.grad, vi_b.mu.grad, atol=1e-5)
     assert torch.allclose(vi_a.rho.grad, vi_b.rho.grad, atol=1e-5)
+
+
+def test_f_vi_second_pass_leaves_batchnorm_statistics_alone() -> None:
+    """With BatchNorm, F-VI's perturbed pass must neither move the running statistics
+    nor break backward (batch norm's backward keeps the statistics it was given)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+    vi = MeanFieldVI(net, 0.05)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    torch.manual_seed(9)
+    svi_step(100, sam_rho=0.05)(vi, x, y)
+    after_sam = {k: v.clone() for k, v in net.named_buffers()}
+    assert vi.mu.grad is not None and torch.isfinite(vi.mu.grad).all()
+    torch.manual_seed(0)
+    fresh = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+    one_pass = MeanFieldVI(fresh, 0.05)
+    torch.manual_seed(9)
+    theta = one_pass.theta(torch.randn_like(one_pass.mu))
+    one_pass(x, theta.detach())  # the first pass alone: the statistics F-VI must end with
+    for name, value in fresh.named_buffers():
+        assert torch.equal(after_sam[name], value), name

@@ -103,6 +103,10 @@ class Run:
         so a later run that reads those bytes can find this one (``_upstream``)."""
         self.set_tags({f"{OUTPUT_TAG}{path}": digest for path, digest in digests.items()})
 
+    def terminate(self, status: str = "FINISHED") -> None:
+        """End the run: FINISHED, FAILED or KILLED."""
+        self._client.set_terminated(self.run_id, status=status)
+
 
 def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dict[str, str]:
     """``upstream.<run name>`` -> run id of the newest run that wrote each input's bytes.
@@ -123,11 +127,22 @@ def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dic
     return links
 
 
-def _client(tracking_uri: str) -> Any:
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow.tracking import MlflowClient
+_CLIENTS: dict[str, Any] = {}
 
-    return MlflowClient(tracking_uri=tracking_uri)
+
+def _client(tracking_uri: str) -> Any:
+    """One client per store and process: creating it opens the store (about 0.7 s)."""
+    if tracking_uri not in _CLIENTS:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        from mlflow.tracking import MlflowClient
+
+        _CLIENTS[tracking_uri] = MlflowClient(tracking_uri=tracking_uri)
+    return _CLIENTS[tracking_uri]
+
+
+def warm_store(tracking_uri: str) -> None:
+    """Import mlflow and open the store now, before any run is asked for."""
+    _client(tracking_uri)
 
 
 def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
@@ -144,8 +159,7 @@ def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
         return exp.experiment_id
 
 
-@contextlib.contextmanager
-def start_run(
+def open_run(
     run_name: str,
     *,
     tracking_uri: str,
@@ -154,15 +168,14 @@ def start_run(
     tags: Mapping[str, str] | None = None,
     inputs: Mapping[str, str] | None = None,
     resume: str | None = None,
-) -> Iterator[Run]:
-    """Create a run, yield it, and mark it FINISHED (or FAILED on an exception).
+) -> Run:
+    """Create a run (RUNNING), or reopen the run ``resume`` if it still exists.
 
     ``inputs`` (path -> sha256 of files the run reads) adds an
     ``upstream.<stage>`` tag per run that wrote them. Tags are set when the
     run is created: MLflow accepts a DVC stage name (``finetune@swag``) in a
-    tag key there, not in ``log_batch``. ``resume``: the id of a run to
-    continue (a stage resumed from its checkpoint logs into the run it
-    started, which has its tags already), if it still exists.
+    tag key there, not in ``log_batch``. A reopened run (a stage resumed
+    from its checkpoint logs into the run it started) has its tags already.
     """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
@@ -170,17 +183,24 @@ def start_run(
     if run is not None:
         client.update_run(run.run_id, status="RUNNING")
         log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
-    else:
-        tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
-        mlflow_run = client.create_run(exp_id, run_name=run_name, tags=tags)
-        run = Run(client, mlflow_run.info.run_id)
-        log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
+        return run
+    tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
+    mlflow_run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    run = Run(client, mlflow_run.info.run_id)
+    log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
+    return run
+
+
+@contextlib.contextmanager
+def start_run(run_name: str, **kwargs: Any) -> Iterator[Run]:
+    """``open_run``, yield the run, mark it FINISHED (or FAILED on an exception)."""
+    run = open_run(run_name, **kwargs)
     try:
         yield run
     except BaseException:
-        client.set_terminated(run.run_id, status="FAILED")
+        run.terminate("FAILED")
         raise
-    client.set_terminated(run.run_id, status="FINISHED")
+    run.terminate("FINISHED")
 
 
 def _resumed(client: Any, run_id: str, experiment_id: str) -> Run | None:

@@ -60,8 +60,17 @@ class MeanFieldVI(nn.Module):
         """The reparameterised sample mu + sigma * eps (differentiable in mu, rho)."""
         return self.mu + self.sigma * eps
 
-    def forward(self, x: torch.Tensor, theta: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits at ``theta`` (default: the mean mu, used for validation curves)."""
+    def forward(
+        self, x: torch.Tensor, theta: torch.Tensor | None = None, frozen_stats: bool = False
+    ) -> torch.Tensor:
+        """Logits at ``theta`` (default: the mean mu, used for validation curves).
+
+        ``frozen_stats``: the pass updates copies of the network's buffers, so
+        its BatchNorm running statistics stay as they were (SAM's second pass).
+        Copies, not a restore afterwards: batch norm's backward keeps the
+        running statistics it was given, and an in-place restore before
+        ``backward()`` would invalidate them.
+        """
         vec = self.mu if theta is None else theta
         params: dict[str, torch.Tensor] = {}
         offset = 0
@@ -69,6 +78,8 @@ class MeanFieldVI(nn.Module):
             n = math.prod(shape)
             params[name] = vec[offset : offset + n].view(shape)
             offset += n
+        if frozen_stats:
+            params.update({name: b.clone() for name, b in self.net.named_buffers()})
         return functional_call(self.net, params, (x,))
 
 
@@ -81,7 +92,7 @@ def svi_step(n_train: int, kl_weight: float = 1.0, mc_samples: int = 1, sam_rho:
     ascent direction at the sampled theta, detached, computed with the same
     eps, the same dropout mask and BatchNorm statistics left untouched.
     """
-    from ..sam import frozen_bn_stats, replayed_rng
+    from ..sam import replayed_rng
 
     def step(vi: MeanFieldVI, x: torch.Tensor, y: torch.Tensor) -> tuple:
         nll = torch.zeros((), device=x.device)
@@ -95,8 +106,7 @@ def svi_step(n_train: int, kl_weight: float = 1.0, mc_samples: int = 1, sam_rho:
                     )
                     e = sam_rho * grad / (torch.linalg.vector_norm(grad) + 1e-12)
                     rewind()
-                    with frozen_bn_stats(vi.net):
-                        logits = vi(x, theta + e)
+                    logits = vi(x, theta + e, frozen_stats=True)
             else:
                 logits = vi(x, theta)
             nll = nll + nn.functional.cross_entropy(logits, y)

@@ -1,0 +1,197 @@
+"""MLflow tracking in a helper process, so a stage pays for MLflow while it loads torch.
+
+Importing mlflow and opening its SQLAlchemy store take about 2 s, torch
+about 2 s more, one after the other in a stage that does both. A stage
+starts this worker first (``Tracker.spawn``): the worker imports mlflow
+and opens the store on one core while the stage imports torch on the
+other. The stage then talks to it through ``RemoteRun``, which has the
+methods of ``tracking.Run``; calls are JSON lines on the worker's stdin,
+executed in order, and only ``run_id`` waits for an answer. When the stage
+ends, its run is marked FINISHED or FAILED; if the stage dies without
+saying (SIGKILL), the worker sees its stdin close and marks the run KILLED,
+and a resumed stage reopens it.
+
+``python -m bayesavg.tracking_worker URI ARTIFACT_LOCATION`` runs the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+
+class TrackingError(RuntimeError):
+    """The tracking worker failed (its own error is on stderr above)."""
+
+
+class Tracker:
+    """The stage's side of a tracking worker process."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._proc = proc
+
+    @classmethod
+    def spawn(cls, tracking_uri: str, artifact_location: str) -> Tracker:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bayesavg.tracking_worker", tracking_uri, artifact_location],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        return cls(proc)
+
+    def send(self, op: str, **fields: Any) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            raise TrackingError(self._failure()) from None
+
+    def receive(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise TrackingError(self._failure())
+        return json.loads(line)
+
+    def _failure(self) -> str:
+        code = self._proc.wait()
+        return f"the MLflow tracking worker stopped (exit code {code}); its error is above"
+
+    def close(self) -> None:
+        """Let the worker finish what it was sent, and wait for it."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
+        if self._proc.wait() != 0:
+            raise TrackingError(self._failure())
+
+    @contextlib.contextmanager
+    def run(
+        self,
+        run_name: str,
+        *,
+        experiment: str,
+        tags: Mapping[str, str],
+        inputs: Mapping[str, str],
+        resume: str | None = None,
+    ) -> Iterator[RemoteRun]:
+        """Start a run in the worker, yield it, end it FINISHED (FAILED on an exception)."""
+        self.send(
+            "start",
+            run_name=run_name,
+            experiment=experiment,
+            tags=dict(tags),
+            inputs=dict(inputs),
+            resume=resume,
+        )
+        run = RemoteRun(self)
+        try:
+            yield run
+        except BaseException:
+            with contextlib.suppress(TrackingError):
+                self.send("end", status="FAILED")
+                self.close()
+            raise
+        self.send("end", status="FINISHED")
+        self.close()
+
+
+class RemoteRun:
+    """``tracking.Run``'s methods, carried out by the worker in the order called."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+        self._run_id: str | None = None
+
+    @property
+    def run_id(self) -> str:
+        if self._run_id is None:
+            self._tracker.send("run_id")
+            self._run_id = str(self._tracker.receive()["run_id"])
+        return self._run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._tracker.send("log_params", params=_plain(params))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        self._tracker.send("log_metrics", metrics=dict(metrics), step=step)
+
+    def log_history(
+        self, rows: list[Mapping[str, float]], step_key: str = "epoch", prefix: str = ""
+    ) -> None:
+        self._tracker.send(
+            "log_history", rows=[dict(r) for r in rows], step_key=step_key, prefix=prefix
+        )
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._tracker.send(
+            "log_artifact", path=str(Path(path).resolve()), artifact_path=artifact_path
+        )
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._tracker.send("set_tags", tags=dict(tags))
+
+    def mark_outputs(self, digests: Mapping[str, str]) -> None:
+        self._tracker.send("mark_outputs", digests=dict(digests))
+
+
+def _plain(value: Any) -> Any:
+    """Params as JSON-ready values (tuples as lists; anything else as its text)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def serve(tracking_uri: str, artifact_location: str, stdin: IO[str], stdout: IO[str]) -> None:
+    """The worker: open the store, then carry out the stage's calls until stdin closes."""
+    from .tracking import open_run, warm_store
+
+    warm_store(tracking_uri)
+    run = None
+    ended = False
+    for line in stdin:
+        msg = json.loads(line)
+        op = msg.pop("op")
+        if op == "start":
+            run = open_run(
+                msg.pop("run_name"),
+                tracking_uri=tracking_uri,
+                artifact_location=artifact_location,
+                **msg,
+            )
+        elif op == "end":
+            assert run is not None
+            run.terminate(msg["status"])
+            ended = True
+        elif op == "run_id":
+            assert run is not None
+            stdout.write(json.dumps({"run_id": run.run_id}) + "\n")
+            stdout.flush()
+        else:
+            assert run is not None
+            getattr(run, op)(**msg)
+    if run is not None and not ended:
+        run.terminate("KILLED")
+
+
+def main() -> None:
+    # Ctrl-C reaches the whole process group: let the stage decide, and log what it sent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    uri, artifacts = sys.argv[1:3]
+    serve(uri, artifacts, sys.stdin, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

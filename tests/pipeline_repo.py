@@ -1,0 +1,58 @@
+"""A throw-away git + DVC repo holding the project's pipeline, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DVC = str(BIN / "dvc")
+PYTHON = str(BIN / "python")
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The test's environment for DVC and stages: the venv first on PATH, no inherited
+    MLflow or DVC settings, telemetry off, a git identity."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    out["PATH"] = f"{BIN}{os.pathsep}{out.get('PATH', '')}"
+    out["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    out["DVC_NO_ANALYTICS"] = "1"
+    out["GIT_AUTHOR_NAME"] = out["GIT_COMMITTER_NAME"] = "test"
+    out["GIT_AUTHOR_EMAIL"] = out["GIT_COMMITTER_EMAIL"] = "test@example.invalid"
+    out.update(extra)
+    return out
+
+
+def sh(
+    repo: Path, *cmd: str, check: bool = True, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, cwd=repo, env=environ or env(), capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def make_repo(repo: Path, params: dict[str, Any]) -> Path:
+    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced."""
+    shutil.copy(ROOT / "dvc.yaml", repo)
+    shutil.copy(ROOT / ".gitignore", repo)
+    shutil.copytree(ROOT / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    sh(repo, "git", "init", "-q")
+    sh(repo, DVC, "init", "-q")
+    sh(repo, DVC, "config", "core.analytics", "false")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "init")
+    return repo
+
+
+def default_params() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -1,10 +1,9 @@
 """What every stage shares: project root, params, the MLflow run, checkpoints.
 
 This is the only place that knows about DVC (its env vars and workspaces);
-the library under src/ does not. Stages import torch-heavy modules inside
-``run()``: ``main`` first starts the MLflow tracking worker, which then
-imports mlflow and opens its store on the other core while the stage
-imports torch (``bayesavg.tracking_worker``).
+the library under src/ does not. ``_bootstrap``, imported first, has
+already started the MLflow tracking worker; stages import torch-heavy
+modules inside ``run()`` so that they load while the worker starts.
 """
 
 from __future__ import annotations
@@ -12,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import _environment  # noqa: F401  (first: one clear line outside the project's environment)
+import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
 
 from bayesavg.checkpoint import Checkpoint
@@ -36,24 +36,34 @@ CHECKPOINTS = Path("checkpoints")
 STAGES = Path(__file__).resolve().parent
 
 
-def project_root() -> Path:
-    """The repo whose mlflow.db and mlartifacts/ receive this run.
+project_root = _bootstrap.project_root
 
-    DVC sets ``DVC_ROOT`` to the parent repo also for ``dvc exp run --temp``
-    and ``--queue``, whose stages run in a temporary copy under .dvc/tmp.
+
+def main(fn: Callable[[], None]) -> None:
+    """Run a stage: a ``UserError`` is one line and exit code 2."""
+    try:
+        run_entry(fn)
+    except SystemExit as stop:
+        _leave(stop.code)
+    _leave(0)
+
+
+def _leave(code: object) -> None:
+    """Exit without finalising the interpreter.
+
+    Tearing down torch's module graph takes about 0.6 s at every stage's
+    exit. By now every output is written and closed (atomic writes) and
+    the tracking worker has finished, so there is nothing left to flush
+    but the logs and the standard streams. An unexpected exception does
+    not come here: it ends the process the normal way, with its traceback.
     """
-    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
-
-
-_tracker: Tracker | None = None
-
-
-def main(fn: Callable[[], None], tracking: bool = True) -> None:
-    """Run a stage; ``tracking`` starts the MLflow worker before anything else."""
-    global _tracker
-    if tracking:
-        _tracker = Tracker.spawn(*default_store(project_root()))
-    run_entry(fn)
+    logging.shutdown()
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 def params() -> Params:
@@ -135,9 +145,8 @@ def tracked(
     is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
     ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags.
     """
-    global _tracker
-    tracker = _tracker or Tracker.spawn(*default_store(project_root()))
-    _tracker = None
+    tracker = _bootstrap.tracker or Tracker.spawn(*default_store(project_root()))
+    _bootstrap.tracker = None  # one run per worker
     commit = git_commit(Path.cwd())
     run_tags = {
         "mlflow.source.git.commit": commit,

@@ -16,4 +16,4 @@ def run() -> None:
 
 
 if __name__ == "__main__":
-    main(run, tracking=False)
+    main(run)

@@ -1,0 +1,43 @@
+"""The first import of every stage: check the environment, start the tracking worker.
+
+``.venv/bin/dvc repro`` without the environment activated runs each stage
+with whatever ``python`` is first on PATH, which would fail with a
+``ModuleNotFoundError`` traceback: say so in one line instead (modules are
+looked up, not imported). Then, before anything heavy is imported, start
+the MLflow tracking worker, so that its ~2 s of importing mlflow and
+opening the store overlap the stage's own imports and work
+(``bayesavg.tracking_worker``). Stages in ``UNTRACKED`` log nothing.
+"""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+_NEEDED = ("bayesavg", "torch", "yaml", "mlflow")
+UNTRACKED = ("validate",)
+
+missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
+if missing:
+    sys.stderr.write(
+        f"error: {sys.executable} cannot import {', '.join(missing)}: run the pipeline in the "
+        "project's environment: `make run`, or `source .venv/bin/activate` then `dvc repro`\n"
+    )
+    sys.exit(2)
+
+from bayesavg.tracking import default_store  # noqa: E402  (after the check above)
+from bayesavg.tracking_worker import Tracker  # noqa: E402
+
+
+def project_root() -> Path:
+    """The repo whose mlflow.db and mlartifacts/ receive this run.
+
+    DVC sets ``DVC_ROOT`` to the parent repo also for ``dvc exp run --temp``
+    and ``--queue``, whose stages run in a temporary copy under .dvc/tmp.
+    """
+    return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
+
+
+tracker = (
+    None if Path(sys.argv[0]).stem in UNTRACKED else Tracker.spawn(*default_store(project_root()))
+)

@@ -9,10 +9,14 @@ opening the store overlap the stage's own imports and work
 (``bayesavg.tracking_worker``). Stages in ``UNTRACKED`` log nothing.
 """
 
-import importlib.util
-import os
-import sys
-from pathlib import Path
+import time
+
+STARTED = time.perf_counter()  # the stage's first line: its start-up is measured from here
+
+import importlib.util  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 _NEEDED = ("bayesavg", "torch", "yaml", "mlflow")
 UNTRACKED = ("validate",)

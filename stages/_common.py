@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,9 @@ def tracked(
     ``inputs``: files this stage reads that earlier stages wrote; the run
     is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
     ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags.
+    The run file also records where the stage's time went: ``startup``
+    (from its first line to its work: imports, params), ``compute`` (the
+    body of this block) and ``finish`` (waiting for the tracking worker).
     """
     tracker = _bootstrap.tracker or Tracker.spawn(*default_store(project_root()))
     _bootstrap.tracker = None  # one run per worker
@@ -165,10 +169,20 @@ def tracked(
         resume=resume,
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
+        started = time.perf_counter()
         yield run
+        done = time.perf_counter()
+        seconds = {"startup": started - _bootstrap.STARTED, "compute": done - started}
+        run.log_metrics({f"stage_{k}_seconds": v for k, v in seconds.items()})
+    seconds["finish"] = time.perf_counter() - done
     write_json(
         id_file or run_file(stage),
-        {"run_id": run.run_id, "stage": stage, "experiment": p.tracking.experiment},
+        {
+            "run_id": run.run_id,
+            "stage": stage,
+            "experiment": p.tracking.experiment,
+            "seconds": seconds,
+        },
     )
 
 

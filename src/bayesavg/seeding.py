@@ -24,14 +24,21 @@ def derive_seed(seed: int, *names: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch, and ask torch for deterministic kernels."""
+def seed_everything(seed: int, device: torch.device | str = "cpu") -> None:
+    """Seed python, numpy and torch; on CUDA, ask torch for deterministic kernels.
+
+    The CPU kernels this project uses are deterministic for a given thread
+    count already, and ``torch.use_deterministic_algorithms`` imports
+    torch's compiler (``torch._inductor``, with dynamo and sympy: about 1 s
+    per process) to set one flag there: it is asked for only where it matters.
+    """
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=False)
-    torch.backends.cudnn.benchmark = False
+    if torch.device(device).type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.benchmark = False
 
 
 def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

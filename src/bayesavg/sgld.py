@@ -1,6 +1,7 @@
-"""Stochastic gradient Langevin dynamics as a drop-in ``torch.optim`` optimizer.
+"""Stochastic gradient Langevin dynamics as an optimizer of the training loop.
 
-torch has no SGLD. With the loss written per data point (mean cross-entropy
+torch has no SGLD (the base class is ``bayesavg.optim``'s: see there why).
+With the loss written per data point (mean cross-entropy
 plus ``weight_decay / 2 * |theta|^2``, a Gaussian prior), one step is
 
     theta <- theta - lr * (grad + weight_decay * theta) + sqrt(2 lr / N) * xi,
@@ -13,12 +14,14 @@ of the training loop, so F-SGLD is the SAM gradient followed by this noise.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
+from .optim import Optimizer
 
-class SGLD(torch.optim.Optimizer):
+
+class SGLD(Optimizer):
     def __init__(
         self,
         params: Iterable[torch.Tensor],
@@ -30,8 +33,7 @@ class SGLD(torch.optim.Optimizer):
             raise ValueError(f"n_train must be >= 1, got {n_train}")
         if lr < 0 or weight_decay < 0:
             raise ValueError("lr and weight_decay must be >= 0")
-        defaults = {"lr": lr, "weight_decay": weight_decay}
-        super().__init__(params, defaults)
+        super().__init__(params, lr=lr, weight_decay=weight_decay)
         self.n_train = n_train
 
     def noise_std(self, lr: float) -> float:
@@ -39,18 +41,11 @@ class SGLD(torch.optim.Optimizer):
         return math.sqrt(2.0 * lr / self.n_train)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, wd = group["lr"], group["weight_decay"]
-            std = self.noise_std(lr)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                drift = p.grad.add(p, alpha=wd) if wd else p.grad
-                p.add_(drift, alpha=-lr)
-                p.add_(torch.randn_like(p), alpha=std)
-        return loss
+    def step(self) -> None:
+        group = self.param_groups[0]
+        lr, wd = group["lr"], group["weight_decay"]
+        std = self.noise_std(lr)
+        for p in self._with_grads():
+            drift = p.grad.add(p, alpha=wd) if wd else p.grad
+            p.add_(drift, alpha=-lr)
+            p.add_(torch.randn_like(p), alpha=std)

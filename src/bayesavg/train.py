@@ -22,6 +22,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .errors import UserError
+from .optim import SGD, Optimizer
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +106,10 @@ def lr_at(
     raise ValueError(f"unknown schedule {kind!r}")
 
 
-def sgd(
-    params: list[torch.Tensor] | nn.Module, momentum: float, weight_decay: float
-) -> torch.optim.SGD:
+def sgd(params: list[torch.Tensor] | nn.Module, momentum: float, weight_decay: float) -> SGD:
     """SGD whose rate the loop sets per iteration (the initial lr is a placeholder)."""
     tensors = list(params.parameters()) if isinstance(params, nn.Module) else params
-    return torch.optim.SGD(tensors, lr=0.0, momentum=momentum, weight_decay=weight_decay)
+    return SGD(tensors, lr=0.0, momentum=momentum, weight_decay=weight_decay)
 
 
 @torch.inference_mode()
@@ -133,7 +132,7 @@ def loss_and_accuracy(
 
 def train(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     train_data: Tensors,
     *,
     epochs: int,

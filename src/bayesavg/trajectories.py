@@ -36,6 +36,7 @@ from .config import Params, PretrainParams, Trajectory
 from .data import Prepared, Split, to_input
 from .errors import UserError
 from .models import build_model, has_batchnorm
+from .optim import Optimizer
 from .posterior_file import PosteriorFile, load_theta
 from .posteriors import HWA, SWAG, MeanFieldVI, svi_step
 from .posteriors.vi import softplus_inverse
@@ -159,7 +160,7 @@ def _train(
     run_seed: int,
     desc: str,
     *,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     parts: dict[str, Any] | None = None,
     step: Step = sgd_step,
     after_step: Callable[[int], None] | None = None,
@@ -262,7 +263,7 @@ def pretrain(
 ) -> RunResult:
     """Deterministic SGD from a seeded initialisation (``member`` > 0: an ensemble member's)."""
     run_seed = pretrain_seed(params.seed, member)
-    seed_everything(run_seed)
+    seed_everything(run_seed, device)
     kwargs = params.model.kwargs()
     model = build_model(params.model.name, prepared.input_shape, prepared.num_classes, kwargs).to(
         device
@@ -297,7 +298,7 @@ def finetune(
     if traj.kind == "ensemble":
         return _finetune_ensemble(params, name, traj, prepared, start, device, fields, resume)
     run_seed = finetune_seed(params.seed, name)
-    seed_everything(run_seed)
+    seed_everything(run_seed, device)
     model = _start_model(start, kwargs, device)
     desc = f"finetune {name}"
     if traj.kind in ("sgd", "sgld"):
@@ -381,9 +382,7 @@ def _finetune_sgd(
     trainable = [p for p in model.parameters() if p.requires_grad]
     if traj.kind == "sgld":
         assert traj.collect is not None
-        optimizer: torch.optim.Optimizer = SGLD(
-            trainable, len(prepared.train), weight_decay=traj.weight_decay
-        )
+        optimizer: Optimizer = SGLD(trainable, len(prepared.train), weight_decay=traj.weight_decay)
         kept = parts["kept"] = KeptSamples(traj.collect.max_rank, device)
         after_step = _collect_schedule(
             traj, len(prepared.train), lambda: kept.append(parameters_to_vector(trainable))
@@ -459,7 +458,7 @@ def _finetune_ensemble(
                 samples=None,
             )
         run_seed = finetune_seed(params.seed, name, member)
-        seed_everything(run_seed)
+        seed_everything(run_seed, device)
         model = _start_model(origin, fields["model_kwargs"], device)
         desc = f"finetune {name} member {member + 1}/{traj.members}"
         return _finetune_sgd(traj, prepared, model, device, run_seed, desc, fields, nested)

@@ -1,0 +1,150 @@
+"""SGD and Adam for the training loop, stepping with torch's own update functions.
+
+``torch.optim.Optimizer`` imports ``torch._dynamo`` the first time a param
+group is added (with sympy and parts of inductor: about 1.2 s per process,
+most of a training stage's start-up), to mark its methods as not
+compilable. Nothing here is compiled, so only the bookkeeping is written
+here: param groups (``lr`` set per iteration by the training loop, as with
+``torch.optim``), per-parameter state and ``state_dict`` for checkpoints.
+The arithmetic is torch's public functional API (``torch.optim.sgd.sgd``,
+``torch.optim.adam.adam``) with torch's own defaults per device, so every
+step is bitwise the one ``torch.optim.SGD`` / ``torch.optim.Adam`` take
+(tests/test_optim.py). ``bayesavg.sgld.SGLD`` builds on the same base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.optim.adam import adam
+from torch.optim.sgd import sgd
+
+
+class Optimizer:
+    """One param group (a dict with ``params`` and the hyperparameters, ``lr`` among
+    them) and a state dict per parameter, in ``torch.optim``'s ``state_dict`` format."""
+
+    def __init__(self, params: Iterable[torch.Tensor], **defaults: Any) -> None:
+        params = list(params)
+        if not params:
+            raise ValueError("the optimizer got no parameters")
+        self.param_groups: list[dict[str, Any]] = [{"params": params, **defaults}]
+        self.state: dict[torch.Tensor, dict[str, Any]] = {}
+
+    @property
+    def params(self) -> list[torch.Tensor]:
+        return self.param_groups[0]["params"]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters by index, as ``torch.optim.Optimizer.state_dict`` has them."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        return {
+            "state": {index[id(p)]: dict(s) for p, s in self.state.items()},
+            "param_groups": [{**group, "params": list(range(len(self.params)))}],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        (group,) = state["param_groups"]
+        if len(group["params"]) != len(self.params):
+            raise ValueError(
+                f"the saved state has {len(group['params'])} parameters, "
+                f"this optimizer {len(self.params)}"
+            )
+        self.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
+        self.state = {
+            p: {k: v.to(p.device) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+            for i, p in enumerate(self.params)
+            if (s := state["state"].get(i)) is not None
+        }
+
+    def _with_grads(self) -> list[torch.Tensor]:
+        return [p for p in self.params if p.grad is not None]
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``'s step (momentum, weight decay, no dampening or Nesterov)."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float = 0.0,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        params = self._with_grads()
+        buffers = [self.state.get(p, {}).get("momentum_buffer") for p in params]
+        sgd(
+            params,
+            [p.grad for p in params],
+            buffers,
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=group["lr"],
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+        if group["momentum"]:
+            for p, buf in zip(params, buffers, strict=True):
+                self.state.setdefault(p, {})["momentum_buffer"] = buf
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam``'s step (no AMSGrad), with L2 ``weight_decay`` as torch has it."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        group = self.param_groups[0]
+        params = self._with_grads()
+        for p in params:
+            if p not in self.state:
+                self.state[p] = {
+                    "step": torch.tensor(0.0, dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+        states = [self.state[p] for p in params]
+        beta1, beta2 = group["betas"]
+        adam(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            [s["step"] for s in states],
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )

@@ -12,8 +12,9 @@ from bayesavg.io import write_csv, write_json
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.data import load_prepared
-    from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, needs_bn_data
+    from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, method_of, needs_bn_data
     from bayesavg.posterior_file import load_posterior
+    from bayesavg.sampling import sigma_ratio
     from bayesavg.seeding import derive_seed, resolve_device
 
     p = params()
@@ -76,10 +77,20 @@ def run() -> None:
             "scale": pred.effective_scale(),
             "val": results["val"].metrics,
         }
+        spread = sigma_ratio(posterior, method_of(pred.method))
+        if spread is not None:
+            metrics["sigma_ratio"] = spread
         write_json(Path("metrics") / f"{name}.json", metrics)
         write_csv(Path("plots/reliability") / f"{name}.csv", result.reliability.rows())
         write_csv(Path("plots/samples") / f"{name}.csv", result.by_samples)
-        mlrun.log_metrics({**result.metrics, **sharp, **_prefixed("val_", results["val"].metrics)})
+        mlrun.log_metrics(
+            {
+                **result.metrics,
+                **sharp,
+                **_prefixed("val_", results["val"].metrics),
+                **_prefixed("sigma_ratio_", spread or {}),
+            }
+        )
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
         mlrun.log_artifact(Path("plots/reliability") / f"{name}.csv", "plots")
 

@@ -232,6 +232,18 @@ def _runs_named(repo: Path, name: str) -> list[Any]:
     return [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == name]
 
 
+def _killed_run(repo: Path, stage: str) -> Any:
+    """The run of the killed stage: its tracking worker outlives it and, when the
+    stage's pipe closes, marks the run KILLED."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        unfinished = [r for r in _runs_named(repo, stage) if r.info.status != "FINISHED"]
+        if len(unfinished) == 1 and unfinished[0].info.status == "KILLED":
+            return unfinished[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no KILLED run of {stage}: {_runs_named(repo, stage)}")
+
+
 def _epoch(state: dict[str, Any]) -> int:
     return int(state["progress"]["epoch"])
 
@@ -262,8 +274,7 @@ def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str)
     child.send_signal(signal.SIGKILL)
     assert dvc.wait(timeout=120) != 0
     assert not out.exists(), "the stage was killed after it finished"
-    killed = [r for r in _runs_named(repo, stage) if r.info.status == "RUNNING"]
-    assert len(killed) == 1
+    killed = _killed_run(repo, stage)
 
     proc = sh(repo, DVC, "repro", stage)
     assert "resuming from the checkpoint after epoch" in proc.stdout + proc.stderr
@@ -271,7 +282,7 @@ def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str)
     assert not ckpt.exists()
     runs = _runs_named(repo, stage)
     assert len(runs) == 2, "the resumed stage logs into the run it started"
-    resumed = next(r for r in runs if r.info.run_id == killed[0].info.run_id)
+    resumed = next(r for r in runs if r.info.run_id == killed.info.run_id)
     assert resumed.info.status == "FINISHED"
     assert "train_loss" in resumed.data.metrics
 

@@ -103,7 +103,7 @@ def _svi_params() -> Any:
     raw["model"] = {"name": "mlp", "hidden": [16]}
     raw["pretrain"].update(epochs=1, batch_size=128)
     vi = {"sigma_init": 0.01, "prior_sigma": 1.0, "mc_samples": 1, "kl_weight": 1.0}
-    svi = {"epochs": 2, "batch_size": 128, "momentum": 0.9, "weight_decay": 0.0, "vi": vi}
+    svi = {"epochs": 2, "batch_size": 128, "momentum": 0.0, "weight_decay": 0.0, "vi": vi}
     raw["finetune"] = {
         "vi": {**svi, "kind": "vi", "start": "pretrain", "schedule": {"kind": "constant"}},
         "hwa": {
@@ -141,7 +141,12 @@ def test_vi_and_hwa_trajectories(mnist5k_prepared: Any) -> None:
     vi = finetune(params, "vi", prepared, start, CPU).posterior
     assert vi.rho is not None and vi.hwa is None
     assert not torch.equal(vi.theta, start.theta)
+    # Adam trains the variances: sigma leaves sigma_0 (recorded for the report)
+    assert vi.extra["sigma_init"] == 0.01
+    moved = torch.nn.functional.softplus(vi.rho) / 0.01
+    assert abs(moved.median().item() - 1) > 0.1
     hwa = finetune(params, "hwa", prepared, vi, CPU).posterior
+    assert hwa.extra["sigma_init"] == 0.01, "hwa continues vi's chain: vi's sigma_0"
     iters = 2 * math.ceil(len(prepared.train) / 128)
     state = HWA.from_state_dict(hwa.hwa)
     assert state.n_collected == iters // 5
@@ -152,3 +157,64 @@ def test_vi_and_hwa_trajectories(mnist5k_prepared: Any) -> None:
         assert result["val"].metrics["accuracy"] > 0.5, method
     fswag = finetune(params, "fswag", prepared, start, CPU).posterior
     assert fswag.collector is not None and fswag.collector["n_collected"] >= 2
+
+
+def _cyclic_swag(raw: dict[str, Any]) -> dict[str, Any]:
+    """Cycle 6, collection from epoch 1: cycles and epochs do not line up."""
+    raw = dict(raw)
+    raw["schedule"] = {"kind": "cyclic", "lr": 0.05, "lr_end": 0.005, "cycle_length": 6}
+    raw["collect"] = {"start_epoch": 1, "every": 0, "max_rank": 5}
+    raw["epochs"] = 4
+    return raw
+
+
+def test_cyclic_snapshots_fall_at_cycle_ends_whatever_the_start_epoch() -> None:
+    """ALGORITHMS §1/§4: snapshots at the end of each cycle, where the rate is lr_end."""
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["finetune"]["swag"] = _cyclic_swag(raw["finetune"]["swag"])
+    traj = parse_params(raw).finetune["swag"]
+    per_epoch, total = 10, 40
+    lr = lr_at("cyclic", 0.05, 0.005, 6, total)
+    taken = [i for i in range(total) if traj.collects_after(i, per_epoch)]
+    assert taken == [11, 17, 23, 29, 35]
+    assert all(lr(i) == 0.005 for i in taken)
+    assert len(taken) == traj.snapshots(per_epoch)
+    # counting cycles from the start epoch instead would snapshot mid-cycle
+    assert lr(10 + 6 - 1) != 0.005
+
+
+def test_every_collected_iterate_follows_a_step_at_lr_end(
+    mnist5k_prepared: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run: the step right before each snapshot ran at lr_end."""
+    from bayesavg.optim import SGD
+    from bayesavg.posteriors import SWAG
+
+    prepared = mnist5k_prepared.prepared
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["model"] = {"name": "mlp", "hidden": [16]}
+    raw["pretrain"].update(epochs=1, batch_size=128)
+    raw["finetune"]["swag"] = _cyclic_swag(raw["finetune"]["swag"])
+    raw["finetune"]["swag"]["batch_size"] = math.ceil(len(prepared.train) / 10)
+    params = parse_params(raw)
+    rates: list[float] = []
+    at_snapshot: list[float] = []
+    step, collect = SGD.step, SWAG.collect
+
+    def recording_step(self: SGD) -> None:
+        rates.append(self.param_groups[0]["lr"])
+        step(self)
+
+    def recording_collect(self: SWAG, theta: Any) -> None:
+        at_snapshot.append(rates[-1])
+        collect(self, theta)
+
+    monkeypatch.setattr(SGD, "step", recording_step)
+    monkeypatch.setattr(SWAG, "collect", recording_collect)
+    start = pretrain(params, prepared, CPU).posterior
+    rates.clear()
+    result = finetune(params, "swag", prepared, start, CPU)
+    assert len(rates) == 40
+    assert result.posterior.collector is not None
+    assert result.posterior.collector["n_collected"] == len(at_snapshot) == 5
+    assert at_snapshot == [0.005] * 5

@@ -133,12 +133,19 @@ class PretrainParams(Optim):
 
 
 class VIParams(_Section):
-    """Mean-field VI (ALGORITHMS §3): q = N(mu, softplus(rho)^2), prior N(0, prior_sigma^2)."""
+    """Mean-field VI (ALGORITHMS §3): q = N(mu, softplus(rho)^2), prior N(0, prior_sigma^2).
+
+    ``optimizer``: adam (as Bayes by Backprop; the schedule's rate is Adam's
+    step size) or sgd (with the trajectory's momentum). Plain SGD barely
+    moves rho: its gradient is scaled by sigmoid(rho), about sigma, so with
+    sigma_init 0.03 a step moves rho by ~1e-5 and sigma stays at sigma_init.
+    """
 
     sigma_init: PosFloat = 0.001
     prior_sigma: PosFloat = 1.0
     mc_samples: PosInt = 1
     kl_weight: NonNegFloat = 1.0
+    optimizer: Literal["adam", "sgd"] = "adam"
 
 
 class Trajectory(Optim):
@@ -207,6 +214,11 @@ class Trajectory(Optim):
         if self.kind in ("vi", "hwa") and self.weight_decay:
             raise ValueError(
                 "weight_decay: must be 0 for vi/hwa; the prior (vi.prior_sigma) regularises"
+            )
+        if self.vi is not None and self.vi.optimizer == "adam" and self.momentum:
+            raise ValueError(
+                "momentum: Adam (vi.optimizer: adam) has its own; set it to 0 or use "
+                "vi.optimizer: sgd"
             )
         if self.kind == "hwa" and self.collect is None:
             raise ValueError("collect: an hwa trajectory needs a 'collect' section")

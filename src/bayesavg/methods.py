@@ -24,6 +24,8 @@ PROVIDES = {
 
 # Where sharpness is measured (``bayesavg.sampling.CENTRES``).
 CENTRES = ("weights", "snapshot_mean", "hwa_mean", "samples_mean", "members")
+# Where a variational method's per-weight sigma comes from (``bayesavg.sampling.SIGMAS``).
+SIGMAS = ("rho", "hwa_var", "hwa_rho")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class Method:
     ``baseline``: the method it is compared with in the report, found on the
     trajectory this one's trajectory starts from (HWA continues VI); None:
     compared with the report's overall baseline only.
+    ``sigma``: for variational methods, where the per-weight sigma comes from
+    (one of ``SIGMAS``); the report shows its distribution relative to the
+    sigma the variational run started from.
     """
 
     name: str
@@ -54,12 +59,15 @@ class Method:
     stochastic_dropout: bool = False
     centre: str = "weights"
     baseline: str | None = None
+    sigma: str | None = None
 
     def __post_init__(self) -> None:
         if self.needs not in PROVIDES:
             raise ValueError(f"method {self.name}: needs {self.needs!r} is not one of {PROVIDES}")
         if self.centre not in CENTRES:
             raise ValueError(f"method {self.name}: centre {self.centre!r} is not one of {CENTRES}")
+        if self.sigma is not None and self.sigma not in SIGMAS:
+            raise ValueError(f"method {self.name}: sigma {self.sigma!r} is not one of {SIGMAS}")
         if self.samples not in ("one", "members", "draws"):
             raise ValueError(f"method {self.name}: samples {self.samples!r}")
 
@@ -100,7 +108,7 @@ REGISTRY: dict[str, Method] = {
             default_scale=0.5,
             centre="snapshot_mean",
         ),
-        Method("vi", needs="variational", label="the last mean-field VI iterate"),
+        Method("vi", needs="variational", label="the last mean-field VI iterate", sigma="rho"),
         Method(
             "hwa",
             needs="hwa",
@@ -108,6 +116,7 @@ REGISTRY: dict[str, Method] = {
             default_scale=0.5,
             centre="hwa_mean",
             baseline="vi",
+            sigma="hwa_var",
         ),
         Method(
             "hwa_mf",
@@ -115,6 +124,7 @@ REGISTRY: dict[str, Method] = {
             label="HWA with averaged mean-field hyperparameters",
             centre="hwa_mean",
             baseline="vi",
+            sigma="hwa_var",
         ),
         Method(
             "hwa_rho",
@@ -122,6 +132,7 @@ REGISTRY: dict[str, Method] = {
             label="HWA averaged in rho-space",
             centre="hwa_mean",
             baseline="vi",
+            sigma="hwa_rho",
         ),
         Method(
             "mc_dropout",

@@ -148,3 +148,14 @@ class Adam(Optimizer):
             eps=group["eps"],
             maximize=False,
         )
+
+
+def build(
+    name: str, params: Iterable[torch.Tensor], *, momentum: float = 0.0, weight_decay: float = 0.0
+) -> Optimizer:
+    """The training loop's optimizer by name, ``sgd`` or ``adam``; the loop sets ``lr``."""
+    if name == "sgd":
+        return SGD(params, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return Adam(params, lr=0.0, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {name!r}; choose sgd or adam")

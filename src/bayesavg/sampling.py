@@ -219,3 +219,38 @@ def centres(posterior: PosteriorFile, method: Method) -> list[Network]:
             f"trajectory {posterior.trajectory!r} has none"
         )
     return CENTRES[method.centre](posterior, method)
+
+
+# A variational method's per-weight sigma, per ``Method.sigma``.
+SIGMAS: dict[str, Callable[[PosteriorFile], torch.Tensor]] = {
+    "rho": lambda p: torch.nn.functional.softplus(p.rho),  # type: ignore[arg-type]
+    "hwa_var": lambda p: _hwa_state(p, "cpu").var.mean.clamp(min=0).sqrt(),
+    "hwa_rho": lambda p: torch.nn.functional.softplus(_hwa_state(p, "cpu").rho.mean),
+}
+SIGMA_QUANTILES = {
+    "p01": 0.01,
+    "p10": 0.1,
+    "p25": 0.25,
+    "median": 0.5,
+    "p75": 0.75,
+    "p90": 0.9,
+    "p99": 0.99,
+}
+
+
+def sigma_ratio(posterior: PosteriorFile, method: Method) -> dict[str, float] | None:
+    """Quantiles of sigma / sigma_0 over the weights, for a variational method: how far
+    training moved the variances from where the variational run started (None for
+    other methods, or a file that does not record sigma_0)."""
+    sigma0 = posterior.extra.get("sigma_init")
+    if method.sigma is None or sigma0 is None or method.needs not in posterior.provides():
+        return None
+    ratio = SIGMAS[method.sigma](posterior).double() / float(sigma0)
+    levels = torch.tensor(list(SIGMA_QUANTILES.values()), dtype=torch.float64)
+    values = torch.quantile(ratio, levels).tolist()
+    return {
+        "min": ratio.min().item(),
+        **dict(zip(SIGMA_QUANTILES, values, strict=True)),
+        "max": ratio.max().item(),
+        "mean": ratio.mean().item(),
+    }

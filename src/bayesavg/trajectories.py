@@ -37,6 +37,7 @@ from .data import Prepared, Split, to_input
 from .errors import UserError
 from .models import build_model, has_batchnorm
 from .optim import Optimizer
+from .optim import build as build_optimizer
 from .posterior_file import PosteriorFile, load_theta
 from .posteriors import HWA, SWAG, MeanFieldVI, svi_step
 from .posteriors.vi import softplus_inverse
@@ -525,7 +526,9 @@ def _finetune_svi(
         device,
         run_seed,
         desc,
-        optimizer=sgd([vi.mu, vi.rho], traj.momentum, traj.weight_decay),
+        optimizer=build_optimizer(
+            cfg.optimizer, [vi.mu, vi.rho], momentum=traj.momentum, weight_decay=traj.weight_decay
+        ),
         parts=parts,
         step=svi_step(len(prepared.train), cfg.kl_weight, cfg.mc_samples, traj.sam_rho),
         after_step=after_step,
@@ -536,6 +539,9 @@ def _finetune_svi(
     load_theta(model, vi.mu.detach(), {})
     posterior = PosteriorFile.from_model(model, **fields)
     posterior.rho = vi.rho.detach().cpu().clone()
+    # sigma at the start of the variational chain (hwa continues vi's rho): the
+    # reference for how far the variances moved (the report's sigma / sigma_0).
+    posterior.extra["sigma_init"] = float(start.extra.get("sigma_init", cfg.sigma_init))
     if "collector" in parts:
         posterior.hwa = parts["collector"].state_dict()
     return RunResult(posterior, history)

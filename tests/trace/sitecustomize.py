@@ -4,8 +4,9 @@ Python imports ``sitecustomize`` at start-up from the first folder on its
 path that has one; the end-to-end test puts this folder on PYTHONPATH and
 sets BAYESAVG_TRACE_DIR, and every Python process of the run (DVC's own
 too) then writes ``<pid>.json`` there at exit: its argv, working directory,
-the files it opened for reading and the files of its imported modules.
-Without BAYESAVG_TRACE_DIR this does nothing.
+the files it opened for reading and the files of its imported modules
+(also when it leaves through ``os._exit``, as stages do). Without
+BAYESAVG_TRACE_DIR this does nothing.
 """
 
 import os
@@ -47,3 +48,11 @@ if _TRACE_DIR:
 
     sys.addaudithook(_audit)
     atexit.register(_dump)
+    _exit = os._exit
+
+    def _dump_then_exit(code: int) -> None:
+        """Stages end with os._exit, which skips atexit: dump first."""
+        _dump()
+        _exit(code)
+
+    os._exit = _dump_then_exit

@@ -10,6 +10,7 @@ and summed over all weights, not averaged per layer.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -83,14 +84,25 @@ class MeanFieldVI(nn.Module):
         return functional_call(self.net, params, (x,))
 
 
-def svi_step(n_train: int, kl_weight: float = 1.0, mc_samples: int = 1, sam_rho: float = 0.0):
+Likelihood = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def svi_step(
+    n_train: int,
+    kl_weight: float = 1.0,
+    mc_samples: int = 1,
+    sam_rho: float = 0.0,
+    likelihood: Likelihood = nn.functional.cross_entropy,
+):
     """A training-loop step for ``MeanFieldVI``: the negative ELBO per data point.
 
-    loss = mean over ``mc_samples`` draws of CE(f(x; mu + sigma eps), y)
-    + kl_weight * KL / n_train, one eps per minibatch and draw. With
-    ``sam_rho`` > 0 (F-VI) the CE is taken at theta + e, where e is the SAM
-    ascent direction at the sampled theta, detached, computed with the same
-    eps, the same dropout mask and BatchNorm statistics left untouched.
+    loss = mean over ``mc_samples`` draws of NLL(f(x; mu + sigma eps), y)
+    + kl_weight * KL / n_train, one eps per minibatch and draw; NLL is the
+    mean negative log-likelihood per point, ``likelihood(output, y)``
+    (cross-entropy for classification). With ``sam_rho`` > 0 (F-VI) the NLL
+    is taken at theta + e, where e is the SAM ascent direction at the
+    sampled theta, detached, computed with the same eps, the same dropout
+    mask and BatchNorm statistics left untouched.
     """
     from ..sam import replayed_rng
 
@@ -101,15 +113,13 @@ def svi_step(n_train: int, kl_weight: float = 1.0, mc_samples: int = 1, sam_rho:
             if sam_rho > 0:
                 with replayed_rng(x.device) as rewind:
                     probe = theta.detach().requires_grad_(True)
-                    (grad,) = torch.autograd.grad(
-                        nn.functional.cross_entropy(vi(x, probe), y), probe
-                    )
+                    (grad,) = torch.autograd.grad(likelihood(vi(x, probe), y), probe)
                     e = sam_rho * grad / (torch.linalg.vector_norm(grad) + 1e-12)
                     rewind()
                     logits = vi(x, theta + e, frozen_stats=True)
             else:
                 logits = vi(x, theta)
-            nll = nll + nn.functional.cross_entropy(logits, y)
+            nll = nll + likelihood(logits, y)
         loss = nll / mc_samples + kl_weight * vi.kl() / n_train
         loss.backward()
         return loss.detach(), logits.detach()

@@ -31,6 +31,7 @@ test: lint
 
 bench: install
 	python benchmarks/run.py
+	python benchmarks/pipeline.py
 
 ui: install
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \

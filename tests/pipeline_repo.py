@@ -48,6 +48,7 @@ def make_repo(repo: Path, params: dict[str, Any]) -> Path:
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh(repo, "git", "init", "-q")
     sh(repo, DVC, "init", "-q")
+    shutil.copy(ROOT / ".dvcignore", repo)
     sh(repo, DVC, "config", "core.analytics", "false")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "commit", "-qm", "init")

@@ -244,6 +244,15 @@ def test_second_repro_does_nothing(repo: Path) -> None:
     assert len(_runs(repo)) == before
 
 
+def test_bytecode_caches_leave_deps_unchanged(repo: Path) -> None:
+    """Python's __pycache__ next to the code (any user without PYTHONDONTWRITEBYTECODE)
+    must not make the directory deps look modified."""
+    sh(repo, str(BIN / "python"), "-m", "compileall", "-q", "src", "stages")
+    assert list((repo / "src/bayesavg/posteriors").glob("__pycache__/*.pyc"))
+    status = sh(repo, str(BIN / "dvc"), "status", "--json").stdout
+    assert json.loads(status) == {}
+
+
 def test_bad_params_stop_before_any_output(repo: Path) -> None:
     params = repo / "params.yaml"
     good = params.read_text()

@@ -441,3 +441,93 @@ def test_posterior_file_is_plain_data(tiny_posteriors: TinyPosteriors) -> None:
     assert swag.rank == tiny_posteriors.swag_rank
     assert swag.num_params == raw["theta"].numel()
     assert torch.load(tiny_posteriors.plain, weights_only=True)["collector"] is None
+
+
+@pytest.fixture(scope="module")
+def bn_swag_posterior(
+    tmp_path_factory: pytest.TempPathFactory, mnist5k_prepared: PreparedDir
+) -> Path:
+    """A SWAG posterior of a small BatchNorm MLP trained a few steps on mnist5k."""
+    from conftest import MNIST5K_DATA
+
+    from bayesavg.posterior_file import PosteriorFile
+
+    prepared = mnist5k_prepared.prepared
+    kwargs = {"hidden": [16], "batch_norm": True}
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_model("mlp", prepared.input_shape, prepared.num_classes, kwargs)
+        x = to_input(prepared.train.x, prepared.manifest["mean"], prepared.manifest["std"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        swag = SWAG(sum(p.numel() for p in model.parameters()), max_rank=4)
+        for idx in torch.randperm(len(x)).split(128):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), prepared.train.y[idx]).backward()
+            opt.step()
+            swag.collect(model)
+    posterior = PosteriorFile.from_model(
+        model,
+        trajectory="swag",
+        model_name="mlp",
+        model_kwargs=kwargs,
+        input_shape=prepared.input_shape,
+        mean=prepared.manifest["mean"],
+        std=prepared.manifest["std"],
+        num_classes=prepared.num_classes,
+        data=dict(MNIST5K_DATA),
+        collector=swag.state_dict(),
+    )
+    path = tmp_path_factory.mktemp("bn") / "posterior.pt"
+    save_posterior(path, posterior)
+    return path
+
+
+def test_bn_update_fraction_is_the_pipelines_subset(
+    bn_swag_posterior: Path, mnist5k_prepared: PreparedDir, tmp_path: Path
+) -> None:
+    """--bn-update-fraction recomputes BatchNorm on the same images the evaluate stage
+    uses for that fraction (bn_subset of the training split with the data seed)."""
+    from bayesavg.evaluate import bn_subset, evaluate
+
+    prepared = mnist5k_prepared.prepared
+    posterior = load_posterior(bn_swag_posterior)
+    outs = {}
+    for fraction in ("0.25", "1.0"):
+        out = tmp_path / f"m{fraction}.json"
+        args = _evaluate_args(bn_swag_posterior, "swag", "mnist5k", out)
+        outs[fraction] = _run_ok([*args, "--samples", "3", "--bn-update-fraction", fraction], out)
+    part = bn_subset(prepared.train, 0.25, posterior.data["seed"])
+    assert len(part) == round(0.25 * len(prepared.train))
+    direct = evaluate(
+        posterior,
+        "swag",
+        {"test": (posterior.model_input(prepared.test.x, "cpu"), prepared.test.y)},
+        n_samples=3,
+        bn_x=posterior.model_input(part.x, "cpu"),
+        seed=0,
+    )["test"].metrics
+    assert outs["0.25"]["nll"] == direct["nll"]
+    assert outs["0.25"]["nll"] != outs["1.0"]["nll"]
+
+
+def test_bn_update_fraction_out_of_range_is_one_line(
+    bn_swag_posterior: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m.json"
+    args = _evaluate_args(bn_swag_posterior, "swag", "mnist5k", out, "--bn-update-fraction", "0")
+    assert "--bn-update-fraction" in _run_user_error(args, capsys)
+    assert not out.exists()
+
+
+def test_non_finite_predictions_stop_with_the_predictor_named(
+    tiny_posteriors: TinyPosteriors, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Weights that are finite but overflow the logits: one line, no NaN metrics written."""
+    posterior = load_posterior(tiny_posteriors.plain)
+    huge = dataclasses.replace(posterior, theta=posterior.theta * 1e36)
+    path = tmp_path / "huge.pt"
+    save_posterior(path, huge)
+    out = tmp_path / "m.json"
+    line = _run_user_error(_evaluate_args(path, "map", "mnist5k", out), capsys)
+    assert "predictor map: the predictive probabilities are not finite" in line
+    assert not out.exists()

@@ -65,3 +65,10 @@ def test_a_changed_dep_makes_the_stage_stale() -> None:
     deps = STAGES["evaluate"]["deps"]
     for path in ("src/bayesavg/posteriors/swag.py", "src/bayesavg/sampling.py"):
         assert covered(path, deps), path
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_config_reaches_every_stage(stage: str) -> None:
+    """validate's constant output must not hide a change in config.py (defaults, rules):
+    every stage, whose params it governs, depends on it directly."""
+    assert covered("src/bayesavg/config.py", STAGES[stage]["deps"])

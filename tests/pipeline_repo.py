@@ -57,3 +57,20 @@ def make_repo(repo: Path, params: dict[str, Any]) -> Path:
 
 def default_params() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def small_params(epochs: int, pretrain_epochs: int, members: int) -> dict[str, Any]:
+    """The default params on a 16-unit BatchNorm MLP, every trajectory kept but short:
+    ``epochs`` at batch 256, cycles and snapshots every 5 steps (at most 4 kept),
+    ``members`` pretrained networks for the ensembles."""
+    raw = default_params()
+    raw["model"] = {"name": "mlp", "hidden": [16], "batch_norm": True}
+    raw["pretrain"].update(epochs=pretrain_epochs, batch_size=256, members=members)
+    for traj in raw["finetune"].values():
+        traj.update(epochs=epochs, batch_size=256)
+        traj["schedule"]["cycle_length"] = 5
+        if "collect" in traj:
+            traj["collect"] = {"start_epoch": 0, "every": 5, "max_rank": 4}
+        if "members" in traj:
+            traj["members"] = members
+    return raw

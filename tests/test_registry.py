@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
+from pipeline_repo import small_params
 
 from bayesavg.cli import main as cli_main
 from bayesavg.config import Params, parse_params
@@ -26,23 +26,12 @@ from bayesavg.posterior_file import PosteriorFile, save_posterior
 from bayesavg.sampling import CENTRES, SAMPLERS, SIGMAS, sigma_ratio
 from bayesavg.trajectories import finetune, pretrain_members
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 MEMBERS = 2
 
 
 def _raw() -> dict[str, Any]:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["model"] = {"name": "mlp", "hidden": [16], "batch_norm": True}
-    raw["pretrain"].update(epochs=1, batch_size=256, members=MEMBERS)
-    for traj in raw["finetune"].values():
-        traj.update(epochs=2, batch_size=256)
-        traj["schedule"]["cycle_length"] = 5
-        if "collect" in traj:
-            traj["collect"] = {"start_epoch": 0, "every": 5, "max_rank": 4}
-        if "members" in traj:
-            traj["members"] = MEMBERS
-    return raw
+    return small_params(epochs=2, pretrain_epochs=1, members=MEMBERS)
 
 
 def _trajectory_for(params: Params, method: Method) -> str:

@@ -19,8 +19,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
-import yaml
-from pipeline_repo import DVC, PYTHON, ROOT, default_params, env, make_repo, sh
+from pipeline_repo import DVC, PYTHON, default_params, env, make_repo, sh, small_params
 
 from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import parse_params
@@ -60,17 +59,7 @@ def _rows(result: RunResult) -> list[dict[str, float]]:
 
 @pytest.fixture(scope="module")
 def params() -> Any:
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["model"] = {"name": "mlp", "hidden": [16], "batch_norm": True}
-    raw["pretrain"].update(epochs=2, batch_size=256, members=2)
-    for traj in raw["finetune"].values():
-        traj.update(epochs=3, batch_size=256)
-        traj["schedule"]["cycle_length"] = 5
-        if "collect" in traj:
-            traj["collect"] = {"start_epoch": 0, "every": 5, "max_rank": 4}
-        if "members" in traj:
-            traj["members"] = 2
-    return parse_params(raw)
+    return parse_params(small_params(epochs=3, pretrain_epochs=2, members=2))
 
 
 @pytest.fixture(scope="module")

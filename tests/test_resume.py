@@ -286,3 +286,39 @@ def test_changed_params_discard_the_checkpoint(kill_repo: Path) -> None:
     assert "from other params, inputs or code; not resumed" in proc.stderr
     assert "resuming" not in proc.stderr
     assert not ckpt.exists()
+
+
+def test_checkpoint_key_follows_params_inputs_and_code(kill_repo: Path) -> None:
+    """The key that decides whether a checkpoint may be resumed changes with the
+    stage's params, with the bytes of its input files, and with its code."""
+    repo = kill_repo
+    code = (
+        "import sys; sys.argv = ['stages/validate.py']; sys.path.insert(0, 'stages')\n"
+        "import _common\n"
+        "from pathlib import Path\n"
+        "print(_common.stage_checkpoint('finetune@x', _common.params(), {'lr': LR}, "
+        "[Path('data/prepared/manifest.json')]).key)\n"
+    )
+
+    def key(lr: float) -> str:
+        out = sh(repo, PYTHON, "-c", code.replace("LR", repr(lr))).stdout.split()
+        return out[-1]
+
+    base = key(0.1)
+    assert key(0.1) == base
+    assert key(0.2) != base
+    manifest = repo / "data/prepared/manifest.json"
+    original = manifest.read_text()
+    try:
+        manifest.write_text(original + " ")
+        assert key(0.1) != base
+    finally:
+        manifest.write_text(original)
+    common = repo / "stages/_common.py"
+    source = common.read_text()
+    try:
+        common.write_text(source + "\n# a change to the stage's code\n")
+        assert key(0.1) != base
+    finally:
+        common.write_text(source)
+    assert key(0.1) == base

@@ -201,7 +201,13 @@ def main() -> None:
     # Ctrl-C reaches the whole process group: let the stage decide, and log what it sent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     uri, artifacts = sys.argv[1:3]
-    serve(uri, artifacts, sys.stdin, sys.stdout)
+    # Answers go over a private copy of stdout; anything mlflow or its
+    # libraries print goes to stderr, so it cannot corrupt the answers.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    serve(uri, artifacts, sys.stdin, answers)
+    answers.flush()
     # Every call has been carried out and committed; finalising mlflow's and
     # SQLAlchemy's module graphs would keep the stage waiting ~0.8 s more.
     logging.shutdown()

@@ -1,0 +1,91 @@
+"""The tracking worker: a stage's MLflow calls carried out in order by a helper process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from bayesavg.tracking_worker import Tracker, TrackingError
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[str, str]:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
+
+
+def _run(store: tuple[str, str], run_id: str) -> object:
+    return MlflowClient(tracking_uri=store[0]).get_run(run_id)
+
+
+def test_a_run_is_logged_in_order_and_finished(store: tuple[str, str], tmp_path: Path) -> None:
+    artifact = tmp_path / "table.csv"
+    artifact.write_text("a,b\n1,2\n")
+    with Tracker.spawn(*store).run(
+        "finetune@x", experiment="e", tags={"dvc_stage": "finetune@x"}, inputs={}
+    ) as run:
+        run.log_params({"lr": 0.1, "nested": {"k": (1, 2)}})
+        run.log_history([{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": float("nan")}])
+        run.log_artifact(artifact, "plots")
+        run.mark_outputs({"models/x/posterior.pt": "abc"})
+    got = _run(store, run.run_id)
+    assert got.info.status == "FINISHED" and got.info.run_name == "finetune@x"
+    assert got.data.params == {"lr": "0.1", "nested.k": "[1, 2]"}
+    assert got.data.tags["bayesavg.output.models/x/posterior.pt"] == "abc"
+    history = MlflowClient(tracking_uri=store[0]).get_metric_history(run.run_id, "loss")
+    assert [m.step for m in history] == [1, 2]
+    assert list((tmp_path / "mlartifacts").rglob("table.csv"))
+
+
+def test_an_exception_ends_the_run_failed(store: tuple[str, str]) -> None:
+    with (
+        pytest.raises(KeyError),
+        Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}) as run,
+    ):
+        run_id = run.run_id
+        raise KeyError("the stage's own error propagates")
+    assert _run(store, run_id).info.status == "FAILED"
+
+
+def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
+    store: tuple[str, str],
+) -> None:
+    tracker = Tracker.spawn(*store)
+    tracker.send("start", run_name="s", experiment="e", tags={}, inputs={}, resume=None)
+    tracker.send("run_id")
+    run_id = tracker.receive()["run_id"]
+    tracker.close()  # what SIGKILL does to the stage's end of the pipe
+    assert _run(store, run_id).info.status == "KILLED"
+    with Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}, resume=run_id) as run:
+        run.log_metrics({"resumed": 1.0})
+    assert run.run_id == run_id
+    assert _run(store, run_id).info.status == "FINISHED"
+
+
+def test_upstream_runs_are_found_by_the_bytes_they_wrote(store: tuple[str, str]) -> None:
+    with Tracker.spawn(*store).run("finetune@a", experiment="e", tags={}, inputs={}) as up:
+        up.mark_outputs({"models/a/posterior.pt": "sha-1"})
+    with Tracker.spawn(*store).run(
+        "evaluate@a", experiment="e", tags={}, inputs={"models/a/posterior.pt": "sha-1"}
+    ) as down:
+        pass
+    with Tracker.spawn(*store).run(
+        "evaluate@b", experiment="e", tags={}, inputs={"models/a/posterior.pt": "other"}
+    ) as stale:
+        pass
+    assert _run(store, down.run_id).data.tags["upstream.finetune@a"] == up.run_id
+    assert not any(k.startswith("upstream.") for k in _run(store, stale.run_id).data.tags)
+
+
+def test_a_broken_store_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """A store that cannot open (its "directory" is a file): the stage gets a
+    TrackingError pointing at the worker's own error above, and does not wait forever."""
+    (tmp_path / "a-file").write_text("not a directory")
+    bad = f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"
+    tracker = Tracker.spawn(bad, (tmp_path / "artifacts").as_uri())
+    with (
+        pytest.raises(TrackingError, match="tracking worker stopped"),
+        tracker.run("s", experiment="e", tags={}, inputs={}) as run,
+    ):
+        _ = run.run_id

@@ -12,6 +12,7 @@ opening the store overlap the stage's own imports and work
 import time
 
 STARTED = time.perf_counter()  # the stage's first line: its start-up is measured from here
+STARTED_AT = time.time()  # the same moment on the clock: when the stage's MLflow run starts
 
 import importlib.util  # noqa: E402
 import os  # noqa: E402

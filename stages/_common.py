@@ -167,6 +167,7 @@ def tracked(
         tags=run_tags,
         inputs={str(path): digest(path) for path in inputs},
         resume=resume,
+        start_time=int(_bootstrap.STARTED_AT * 1000),
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
         started = time.perf_counter()

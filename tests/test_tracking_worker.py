@@ -23,7 +23,11 @@ def test_a_run_is_logged_in_order_and_finished(store: tuple[str, str], tmp_path:
     artifact = tmp_path / "table.csv"
     artifact.write_text("a,b\n1,2\n")
     with Tracker.spawn(*store).run(
-        "finetune@x", experiment="e", tags={"dvc_stage": "finetune@x"}, inputs={}
+        "finetune@x",
+        experiment="e",
+        tags={"dvc_stage": "finetune@x"},
+        inputs={},
+        start_time=1_700_000_000_000,
     ) as run:
         run.log_params({"lr": 0.1, "nested": {"k": (1, 2)}})
         run.log_history([{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": float("nan")}])
@@ -31,6 +35,7 @@ def test_a_run_is_logged_in_order_and_finished(store: tuple[str, str], tmp_path:
         run.mark_outputs({"models/x/posterior.pt": "abc"})
     got = _run(store, run.run_id)
     assert got.info.status == "FINISHED" and got.info.run_name == "finetune@x"
+    assert got.info.start_time == 1_700_000_000_000, "the stage's start, not the worker's"
     assert got.data.params == {"lr": "0.1", "nested.k": "[1, 2]"}
     assert got.data.tags["bayesavg.output.models/x/posterior.pt"] == "abc"
     history = MlflowClient(tracking_uri=store[0]).get_metric_history(run.run_id, "loss")

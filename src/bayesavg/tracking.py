@@ -168,6 +168,7 @@ def open_run(
     tags: Mapping[str, str] | None = None,
     inputs: Mapping[str, str] | None = None,
     resume: str | None = None,
+    start_time: int | None = None,
 ) -> Run:
     """Create a run (RUNNING), or reopen the run ``resume`` if it still exists.
 
@@ -176,6 +177,7 @@ def open_run(
     run is created: MLflow accepts a DVC stage name (``finetune@swag``) in a
     tag key there, not in ``log_batch``. A reopened run (a stage resumed
     from its checkpoint logs into the run it started) has its tags already.
+    ``start_time``: the run's start in ms since the epoch (default: now).
     """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
@@ -185,7 +187,7 @@ def open_run(
         log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
         return run
     tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
-    mlflow_run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    mlflow_run = client.create_run(exp_id, start_time=start_time, run_name=run_name, tags=tags)
     run = Run(client, mlflow_run.info.run_id)
     log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
     return run

@@ -85,8 +85,14 @@ class Tracker:
         tags: Mapping[str, str],
         inputs: Mapping[str, str],
         resume: str | None = None,
+        start_time: int | None = None,
     ) -> Iterator[RemoteRun]:
-        """Start a run in the worker, yield it, end it FINISHED (FAILED on an exception)."""
+        """Start a run in the worker, yield it, end it FINISHED (FAILED on an exception).
+
+        ``start_time`` (ms since the epoch): when the stage started, so the run's
+        duration in MLflow covers the stage, not only the part after the worker
+        was ready.
+        """
         self.send(
             "start",
             run_name=run_name,
@@ -94,6 +100,7 @@ class Tracker:
             tags=dict(tags),
             inputs=dict(inputs),
             resume=resume,
+            start_time=start_time,
         )
         run = RemoteRun(self)
         try:

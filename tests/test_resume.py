@@ -204,12 +204,16 @@ def _wait_for_state(path: Path, ready: Callable[[dict[str, Any]], bool], proc: A
 
 
 def _finetune_child(dvc: psutil.Process, name: str) -> psutil.Process:
+    """The Python process of the stage, not the shell DVC runs it in: dash (`/bin/sh`)
+    forks the command instead of exec'ing it, and killing the shell would leave the
+    stage running to the end."""
     for child in dvc.children(recursive=True):
         try:
-            if f"stages/finetune.py {name}" in " ".join(child.cmdline()):
-                return child
+            argv = child.cmdline()
         except psutil.NoSuchProcess:
             continue
+        if Path(argv[0]).name.startswith("python") and f"stages/finetune.py {name}" in " ".join(argv):
+            return child
     raise AssertionError(f"no stages/finetune.py {name} process under dvc repro")
 
 
@@ -256,7 +260,7 @@ def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str)
     out.unlink()
     assert not ckpt.exists(), "a finished stage deletes its checkpoint"
 
-    dvc = psutil.Popen([DVC, "repro", stage], cwd=repo, env=env())
+    dvc = psutil.Popen([DVC, "repro", stage], cwd=repo, env={**env(), "SHELL": "/bin/sh"})
     _wait_for_state(ckpt, KILLS[name], dvc)
     child = _finetune_child(dvc, name)
     time.sleep(0.1)  # into the next epoch

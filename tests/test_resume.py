@@ -212,7 +212,9 @@ def _finetune_child(dvc: psutil.Process, name: str) -> psutil.Process:
             argv = child.cmdline()
         except psutil.NoSuchProcess:
             continue
-        if Path(argv[0]).name.startswith("python") and f"stages/finetune.py {name}" in " ".join(argv):
+        if Path(argv[0]).name.startswith("python") and f"stages/finetune.py {name}" in " ".join(
+            argv
+        ):
             return child
     raise AssertionError(f"no stages/finetune.py {name} process under dvc repro")
 

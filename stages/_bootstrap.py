@@ -6,7 +6,8 @@ with whatever ``python`` is first on PATH, which would fail with a
 looked up, not imported). Then, before anything heavy is imported, start
 the MLflow tracking worker, so that its ~2 s of importing mlflow and
 opening the store overlap the stage's own imports and work
-(``bayesavg.tracking_worker``). Stages in ``UNTRACKED`` log nothing.
+(``bayesavg.tracking_worker``). Stages in ``UNTRACKED`` log nothing, and
+of a torchrun job only rank 0 does.
 """
 
 import time
@@ -43,6 +44,5 @@ def project_root() -> Path:
     return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
 
 
-tracker = (
-    None if Path(sys.argv[0]).stem in UNTRACKED else Tracker.spawn(*default_store(project_root()))
-)
+untracked = Path(sys.argv[0]).stem in UNTRACKED or os.environ.get("RANK", "0") != "0"
+tracker = None if untracked else Tracker.spawn(*default_store(project_root()))

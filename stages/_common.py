@@ -22,6 +22,7 @@ from typing import Any
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
 
+from bayesavg import launch
 from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
 from bayesavg.entry import run_entry
@@ -41,12 +42,30 @@ project_root = _bootstrap.project_root
 
 
 def main(fn: Callable[[], None]) -> None:
-    """Run a stage: a ``UserError`` is one line and exit code 2."""
+    """Run a stage: a ``UserError`` is one line and exit code 2.
+
+    As one rank of a torchrun job (``relaunch``), a failure is recorded for
+    the launcher, which reports the job's first one.
+    """
+    if launch.is_rank():
+        _leave(launch.rank_entry(fn))
     try:
         run_entry(fn)
     except SystemExit as stop:
         _leave(stop.code)
     _leave(0)
+
+
+def relaunch() -> None:
+    """Run this stage's command on ``BAYESAVG_NPROC`` processes (torchrun) and wait.
+
+    This process only launches: its tracking worker is stopped, and rank 0
+    of the job tracks the run and writes the outputs.
+    """
+    if _bootstrap.tracker is not None:
+        _bootstrap.tracker.discard()
+        _bootstrap.tracker = None
+    launch.relaunch(sys.argv)
 
 
 def _leave(code: object) -> None:

@@ -2,21 +2,36 @@
 
 Resumable: a checkpoint under checkpoints/ (every `checkpoint.every` epochs)
 lets a killed run continue where it stopped, logging into the same MLflow
-run; it is deleted once the outputs are written.
+run; it is deleted once the outputs are written. A distributed SWAG
+trajectory (`kind: dswag`) runs on `BAYESAVG_NPROC` processes through
+torchrun (default 1: this process); its rank 0 tracks and writes.
 """
 
 import sys
 from pathlib import Path
 
-from _common import MANIFEST, PREPARED, main, mark_outputs, params, stage_checkpoint, tracked
+from _common import (
+    MANIFEST,
+    PREPARED,
+    main,
+    mark_outputs,
+    params,
+    relaunch,
+    stage_checkpoint,
+    tracked,
+)
 
+from bayesavg import launch
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv
 
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.config import DSWAGTrajectory
     from bayesavg.data import load_prepared
+    from bayesavg.distributed import local_device
+    from bayesavg.dswag import finetune_dswag
     from bayesavg.posterior_file import load_posterior, save_posterior
     from bayesavg.seeding import resolve_device
     from bayesavg.trajectories import finetune
@@ -30,13 +45,28 @@ def run() -> None:
     history = Path("plots/finetune") / f"{name}.csv"
     traj = p.finetune[name].model_dump()
     start_file = Path("models") / p.finetune[name].start / "posterior.pt"
+    device = local_device(resolve_device(p.device))
+    distributed = isinstance(p.finetune[name], DSWAGTrajectory)
+    if distributed and launch.should_relaunch():
+        relaunch()
+        return
+    if not launch.is_main_rank():  # a torchrun rank other than 0: compute, write nothing
+        finetune_dswag(p, name, load_prepared(PREPARED), load_posterior(start_file), device)
+        return
     inputs = [MANIFEST, start_file]
-    ckpt = stage_checkpoint(stage, p, {"finetune": traj}, inputs)
+    ckpt = None if distributed else stage_checkpoint(stage, p, {"finetune": traj}, inputs)
     logged = {"trajectory": name, "finetune": traj}
-    with tracked(stage, p, logged, inputs, resume=ckpt.meta.get("run_id")) as mlrun:
-        ckpt.meta["run_id"] = mlrun.run_id
+    resume = ckpt.meta.get("run_id") if ckpt else None
+    with tracked(stage, p, logged, inputs, resume=resume) as mlrun:
+        if ckpt:
+            ckpt.meta["run_id"] = mlrun.run_id
         start = load_posterior(start_file)
-        result = finetune(p, name, load_prepared(PREPARED), start, resolve_device(p.device), ckpt)
+        prepared = load_prepared(PREPARED)
+        if distributed:
+            result = finetune_dswag(p, name, prepared, start, device)
+        else:
+            result = finetune(p, name, prepared, start, device, ckpt)
+        assert result is not None
         save_posterior(out, result.posterior)
         write_csv(history, result.history)
         mark_outputs(mlrun, [out])
@@ -45,7 +75,8 @@ def run() -> None:
         state = post.collector or (post.hwa["mu"] if post.hwa else None)
         mlrun.log_metrics({"snapshots": state["n_collected"] if state else 0})
         mlrun.log_artifact(out, "posterior")
-    ckpt.remove()
+    if ckpt:
+        ckpt.remove()
 
 
 if __name__ == "__main__":

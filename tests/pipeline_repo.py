@@ -62,11 +62,16 @@ def default_params() -> dict[str, Any]:
 def small_params(epochs: int, pretrain_epochs: int, members: int) -> dict[str, Any]:
     """The default params on a 16-unit BatchNorm MLP, every trajectory kept but short:
     ``epochs`` at batch 256, cycles and snapshots every 5 steps (at most 4 kept),
-    ``members`` pretrained networks for the ensembles."""
+    ``members`` pretrained networks for the ensembles; distributed SWAG on 4 clients."""
     raw = default_params()
     raw["model"] = {"name": "mlp", "hidden": [16], "batch_norm": True}
     raw["pretrain"].update(epochs=pretrain_epochs, batch_size=256, members=members)
     for traj in raw["finetune"].values():
+        if traj.get("kind") == "dswag":  # 4 clients, `epochs` rounds, 2 exploring epochs
+            traj.update(clients=4, batch_size=64, max_rank=4)
+            traj["phase1"]["rounds"] = epochs
+            traj["phase2"].update(epochs=2, snapshots_per_client=2)
+            continue
         traj.update(epochs=epochs, batch_size=256)
         traj["schedule"]["cycle_length"] = 5
         if "collect" in traj:

@@ -28,7 +28,7 @@ from stage_deps import covered
 from bayesavg.methods import REGISTRY
 
 ENSEMBLE_MEMBERS = 2
-KEPT_TRAJECTORIES = ("swag", "vi", "hwa", "mc_dropout", "ensemble", "sgld")
+KEPT_TRAJECTORIES = ("swag", "vi", "hwa", "mc_dropout", "ensemble", "sgld", "dswag")
 PREDICTORS = {
     "map": {"trajectory": "mc_dropout", "method": "map"},
     "mc_dropout": {"trajectory": "mc_dropout", "method": "mc_dropout"},
@@ -41,11 +41,13 @@ PREDICTORS = {
     "hwa_rho": {"trajectory": "hwa", "method": "hwa_rho"},
     "ensemble": {"trajectory": "ensemble", "method": "ensemble"},
     "sgld": {"trajectory": "sgld", "method": "sgld"},
+    "dswag": {"trajectory": "dswag", "method": "swag", "scale": 0.5},
 }
 PLANES = ["hwa"]
 STAGES = {
     "data",
     "pretrain",
+    "init",
     "report",
     *(f"finetune@{t}" for t in KEPT_TRAJECTORIES),
     *(f"evaluate@{p}" for p in PREDICTORS),
@@ -63,7 +65,13 @@ def tiny_params() -> dict[str, Any]:
     raw["pretrain"]["members"] = ENSEMBLE_MEMBERS
     raw["finetune"] = {k: raw["finetune"][k] for k in KEPT_TRAJECTORIES}
     raw["finetune"]["swag"]["sam_rho"] = 0.05
+    dswag = raw["finetune"]["dswag"]
+    dswag.update(clients=3, batch_size=128, max_rank=5)
+    dswag["phase1"]["rounds"] = 2
+    dswag["phase2"].update(epochs=2, snapshots_per_client=2)
     for traj in raw["finetune"].values():
+        if traj.get("kind") == "dswag":
+            continue
         traj["epochs"] = 2
         traj["batch_size"] = 256
         traj["schedule"]["cycle_length"] = 4
@@ -105,7 +113,7 @@ def test_params_cover_every_method_and_kind() -> None:
     raw = tiny_params()
     assert {p["method"] for p in raw["evaluate"]["predictors"].values()} == set(REGISTRY)
     kinds = {t.get("kind", "sgd") for t in raw["finetune"].values()}
-    assert kinds == {"sgd", "vi", "hwa", "ensemble", "sgld"}
+    assert kinds == {"sgd", "vi", "hwa", "ensemble", "sgld", "dswag"}
     assert any(t.get("sam_rho", 0) > 0 for t in raw["finetune"].values())
 
 

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from .errors import UserError
 from .methods import METHODS, PROVIDES, REGISTRY
@@ -260,6 +268,100 @@ class Trajectory(Optim):
         return out
 
 
+class ClientSplit(_Section):
+    """How the training split is dealt to the clients: ``iid`` (equal random shards) or
+    ``dirichlet`` (per-class proportions over clients drawn from Dirichlet(alpha); every
+    client gets at least ``min_size`` examples, or the stage stops with a params error)."""
+
+    kind: Literal["iid", "dirichlet"] = "iid"
+    alpha: PosFloat = 0.5
+    min_size: NonNegInt = 1
+
+
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
+class Phase1(_Section):
+    """Synchronised FedAvg rounds (ALGORITHMS §8): each round samples
+    max(1, round(client_fraction * clients)) clients, each trains ``local_epochs``
+    from the global model at the round's rate (``schedule`` over the rounds), and
+    the server averages them weighted by data size. ``target_accuracy``: stop at
+    the end of the round whose global model reaches it on all clients' data."""
+
+    rounds: PosInt = 20
+    client_fraction: Share = 1.0
+    local_epochs: PosInt = 1
+    schedule: Schedule = Schedule(kind="constant", lr=0.05)
+    target_accuracy: Share | None = None
+
+
+class Phase2(_Section):
+    """Independent exploration from the FedAvg model: a ``client_fraction`` of the clients
+    each trains ``epochs`` epochs at alpha(t) = (1 - t/c) lr_start + (t/c) lr_end
+    (t the epoch, c = epochs) and contributes a snapshot at the end of each of its last
+    ``snapshots_per_client`` epochs."""
+
+    client_fraction: Share = 1.0
+    epochs: PosInt = 10
+    lr_start: PosFloat = 0.05
+    lr_end: PosFloat = 0.005
+    snapshots_per_client: PosInt = 2
+
+    @model_validator(mode="after")
+    def _check(self) -> Phase2:
+        if self.snapshots_per_client > self.epochs:
+            raise ValueError(
+                f"snapshots_per_client: at most epochs ({self.epochs}), one per epoch at the end"
+            )
+        return self
+
+
+class DSWAGTrajectory(_Section):
+    """Distributed SWAG (``kind: dswag``, ALGORITHMS §8) over ``clients`` logical clients.
+
+    Phase 1 trains the FedAvg model theta_T, phase 2 explores from it, phase 3
+    collects SWAG moments over every snapshot in (client, snapshot) order. The
+    posterior file is a SWAG trajectory's: theta_T is its weights (map) and the
+    moments its collector (swa, swag_diag, swag). ``start``: ``init`` (the
+    pipeline's fresh network, the paper's setting), ``pretrain`` or a trajectory.
+    """
+
+    kind: Literal["dswag"]
+    start: Annotated[str, Field(pattern=_NAME)] = "init"
+    clients: PosInt = 10
+    split: ClientSplit = ClientSplit()
+    phase1: Phase1 = Phase1()
+    phase2: Phase2 = Phase2()
+    batch_size: PosInt = 32
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    weight_decay: NonNegFloat = 5e-4
+    max_rank: Annotated[int, Field(ge=2)] = 20
+    dropout: DropoutRate | None = None
+
+    def explorers(self) -> int:
+        """How many clients explore in phase 2."""
+        return max(1, round(self.phase2.client_fraction * self.clients))
+
+    def snapshots(self) -> int:
+        return self.explorers() * self.phase2.snapshots_per_client
+
+    def provides(self) -> set[str]:
+        """What predictors can use from this trajectory's posterior file."""
+        return {"weights", "snapshots"}
+
+
+def _trajectory_tag(value: Any) -> str:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return "dswag" if kind == "dswag" else "trajectory"
+
+
+AnyTrajectory = Annotated[
+    Annotated[Trajectory, Tag("trajectory")] | Annotated[DSWAGTrajectory, Tag("dswag")],
+    Discriminator(_trajectory_tag),
+]
+STARTS = ("pretrain", "init")  # the stages a trajectory can start from besides trajectories
+
+
 class Predictor(_Section):
     trajectory: Annotated[str, Field(pattern=_NAME)]
     method: Literal[METHODS]  # type: ignore[valid-type]
@@ -325,7 +427,7 @@ class Params(_Section):
     data: DataParams = DataParams()
     model: ModelParams = ModelParams()
     pretrain: PretrainParams = PretrainParams()
-    finetune: dict[str, Trajectory]
+    finetune: dict[str, AnyTrajectory]
     evaluate: EvaluateParams
     checkpoint: CheckpointParams = CheckpointParams()
     tracking: TrackingParams = TrackingParams()
@@ -338,25 +440,24 @@ class Params(_Section):
         for name, traj in self.finetune.items():
             if not re.fullmatch(_NAME, name):
                 raise ValueError(f"finetune.{name}: trajectory names are lower-case identifiers")
-            if name == "pretrain":
-                raise ValueError(
-                    "finetune.pretrain: the name 'pretrain' is the pretraining stage's"
-                )
-            if traj.members is not None and traj.members > self.pretrain.members:
+            if name in STARTS:
+                raise ValueError(f"finetune.{name}: the name {name!r} is a stage's, not free")
+            if getattr(traj, "members", None) is not None and traj.members > self.pretrain.members:
                 raise ValueError(
                     f"finetune.{name}.members: {traj.members} members need pretrain.members "
                     f">= {traj.members} (it is {self.pretrain.members})"
                 )
-            if traj.start != "pretrain":
+            if traj.start not in STARTS:
                 origin = self.finetune.get(traj.start)
                 if origin is None or traj.start == name:
                     raise ValueError(
-                        f"finetune.{name}.start: {traj.start!r} is not pretrain or another "
-                        "trajectory"
+                        f"finetune.{name}.start: {traj.start!r} is not pretrain, init or "
+                        "another trajectory"
                     )
-                if origin.start != "pretrain":
+                if origin.start not in STARTS:
                     raise ValueError(
-                        f"finetune.{name}.start: {traj.start} must itself start from pretrain"
+                        f"finetune.{name}.start: {traj.start} must itself start from pretrain "
+                        "or init"
                     )
                 if traj.kind == "hwa" and origin.kind != "vi":
                     raise ValueError(f"finetune.{name}.start: hwa continues a vi trajectory")
@@ -393,6 +494,13 @@ class Params(_Section):
                 raise ValueError(
                     f"{key}.scale: {pred.method} has no covariance scale; remove the key"
                 )
+            if isinstance(traj, DSWAGTrajectory):
+                if pred.method == "swag" and traj.snapshots() < 2:
+                    raise ValueError(
+                        f"finetune.{pred.trajectory}.phase2: {key} needs >= 2 snapshots; "
+                        "raise snapshots_per_client or client_fraction"
+                    )
+                continue
             per_epoch = traj.collect is not None and not traj.collect.every
             few = traj.collect is not None and traj.epochs - traj.collect.start_epoch < 2
             if pred.method == "swag" and per_epoch and traj.schedule.kind != "cyclic" and few:
@@ -407,13 +515,21 @@ class Params(_Section):
         traj = self.finetune[trajectory]
         if traj.dropout is not None:
             return traj.dropout
-        if traj.start != "pretrain":
+        if traj.start not in STARTS:
             return self.dropout_of(traj.start)
         return self.model.effective_dropout()
 
 
+_TAGS = ("trajectory", "dswag")  # the trajectory union's tags: not keys of params.yaml
+
+
 def _location(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not str(p).startswith("function-"))
+    """A pydantic error location as a params.yaml key (validator names and union tags dropped)."""
+    parts = [str(p) for p in loc]
+    kept = [p for i, p in enumerate(parts) if not p.startswith("function-")]
+    if len(kept) > 2 and kept[0] == "finetune" and kept[2] in _TAGS:
+        del kept[2]
+    return ".".join(kept)
 
 
 def _format_error(err: ValidationError) -> str:

@@ -68,6 +68,11 @@ class Tracker:
         code = self._proc.wait()
         return f"the MLflow tracking worker stopped (exit code {code}); its error is above"
 
+    def discard(self) -> None:
+        """Stop a worker that will not be used (its stage hands the work to other processes)."""
+        self._proc.kill()
+        self._proc.wait()
+
     def close(self) -> None:
         """Let the worker finish what it was sent, and wait for it."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:

@@ -146,6 +146,7 @@ def train(
     desc: str = "train",
     progress: Progress | None = None,
     on_epoch: Callable[[Progress], None] | None = None,
+    log_epochs: bool = True,
 ) -> list[dict[str, float]]:
     """Run ``epochs`` of minibatch training; return one history row per epoch.
 
@@ -156,7 +157,8 @@ def train(
     ``progress`` continues a run from an epoch boundary (the caller restores
     the model, optimizer, generator and RNG states that go with it) and is
     updated in place; ``on_epoch(progress)`` runs after each epoch, e.g. to
-    write a checkpoint.
+    write a checkpoint. ``log_epochs`` False keeps a run quiet (a logical
+    client of distributed SWAG; there may be thousands).
     """
     n = len(train_data)
     iters_per_epoch = math.ceil(n / batch_size)
@@ -167,7 +169,7 @@ def train(
     bar = tqdm(
         range(progress.epoch + 1, epochs + 1),
         desc=desc,
-        disable=None,
+        disable=None if log_epochs else True,
         leave=False,
         initial=progress.epoch,
         total=epochs,
@@ -211,13 +213,14 @@ def train(
         row["seconds"] = time.perf_counter() - started
         history.append(row)
         progress.epoch, progress.iteration = epoch, iteration
-        log.info(
-            "%s epoch %d/%d: %s",
-            desc,
-            epoch,
-            epochs,
-            ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("epoch", "seconds")),
-        )
+        if log_epochs:
+            log.info(
+                "%s epoch %d/%d: %s",
+                desc,
+                epoch,
+                epochs,
+                ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("epoch", "seconds")),
+            )
         if on_epoch is not None:
             on_epoch(progress)
     return history

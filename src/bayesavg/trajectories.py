@@ -82,7 +82,7 @@ def iterations_per_epoch(n: int, batch_size: int) -> int:
     return math.ceil(n / batch_size)
 
 
-def _fields(
+def posterior_fields(
     params: Params, prepared: Prepared, trajectory: str, model_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
     m = prepared.manifest
@@ -255,6 +255,15 @@ def pretrain_members(
     return RunResult(posterior, runs[0].history)
 
 
+def initial_network(params: Params, prepared: Prepared) -> PosteriorFile:
+    """A fresh network seeded by (seed, "init"), built on the CPU so that it is the same on
+    every device: the start of trajectories that train from scratch (distributed SWAG)."""
+    seed_everything(derive_seed(params.seed, "init"), torch.device("cpu"))
+    kwargs = params.model.kwargs()
+    model = build_model(params.model.name, prepared.input_shape, prepared.num_classes, kwargs)
+    return PosteriorFile.from_model(model, **posterior_fields(params, prepared, "init", kwargs))
+
+
 def pretrain(
     params: Params,
     prepared: Prepared,
@@ -275,7 +284,8 @@ def pretrain(
     history = _train(
         model, opts, prepared, device, run_seed, desc, optimizer=optimizer, resume=resume
     )
-    posterior = PosteriorFile.from_model(model, **_fields(params, prepared, "pretrain", kwargs))
+    fields = posterior_fields(params, prepared, "pretrain", kwargs)
+    posterior = PosteriorFile.from_model(model, **fields)
     return RunResult(posterior, history)
 
 
@@ -287,20 +297,23 @@ def finetune(
     device: torch.device,
     resume: Resumable | None = None,
 ) -> RunResult:
-    """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA).
+    """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA;
+    distributed SWAG is ``dswag.finetune_dswag``).
 
     ``resume``: a checkpoint to continue from and save to (see ``checkpoint``).
     """
-    traj: Trajectory = params.finetune[name]
+    traj = params.finetune[name]
+    if not isinstance(traj, Trajectory):
+        raise TypeError(f"finetune.{name}: a {traj.kind} trajectory runs in bayesavg.dswag")
     kwargs = dict(start.model_kwargs)
     if traj.dropout is not None:
         kwargs["dropout"] = traj.dropout
-    fields = _fields(params, prepared, name, kwargs)
+    fields = posterior_fields(params, prepared, name, kwargs)
     if traj.kind == "ensemble":
         return _finetune_ensemble(params, name, traj, prepared, start, device, fields, resume)
     run_seed = finetune_seed(params.seed, name)
     seed_everything(run_seed, device)
-    model = _start_model(start, kwargs, device)
+    model = start_model(start, kwargs, device)
     desc = f"finetune {name}"
     if traj.kind in ("sgd", "sgld"):
         result = _finetune_sgd(traj, prepared, model, device, run_seed, desc, fields, resume)
@@ -311,7 +324,7 @@ def finetune(
     return result
 
 
-def _start_model(start: PosteriorFile, kwargs: dict[str, Any], device: torch.device) -> nn.Module:
+def start_model(start: PosteriorFile, kwargs: dict[str, Any], device: torch.device) -> nn.Module:
     """The start's network (weights and buffers) built with this trajectory's kwargs."""
     model = build_model(start.model_name, start.input_shape, start.num_classes, kwargs)
     load_theta(model, start.theta, start.buffers)
@@ -460,7 +473,7 @@ def _finetune_ensemble(
             )
         run_seed = finetune_seed(params.seed, name, member)
         seed_everything(run_seed, device)
-        model = _start_model(origin, fields["model_kwargs"], device)
+        model = start_model(origin, fields["model_kwargs"], device)
         desc = f"finetune {name} member {member + 1}/{traj.members}"
         return _finetune_sgd(traj, prepared, model, device, run_seed, desc, fields, nested)
 

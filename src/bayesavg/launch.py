@@ -1,0 +1,132 @@
+"""Run a command on N processes with torchrun, or in this one process when N is 1.
+
+N comes from ``BAYESAVG_NPROC`` (default 1), never from params: the DVC
+stage's command and its results do not depend on it. ``relaunch`` runs
+torchrun itself (``torch.distributed.run``, as the ``torchrun`` script does)
+in standalone mode, which picks a free port, so two runs on one machine do
+not collide. Importing this module does not import torch (every stage
+imports it). A rank's failure is recorded by that rank (``rank_entry``) with
+its time, and the launcher reports the first one as one line, plus the
+traceback when it is a bug rather than a user error: the other ranks' errors
+(a peer that vanished) and torchrun's own report are consequences. For
+several nodes, run ``torchrun`` by hand on each (README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+from .entry import setup_logging
+from .errors import UserError
+
+NPROC_ENV = "BAYESAVG_NPROC"
+THREADS_ENV = "BAYESAVG_THREADS"
+ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
+
+
+def threads() -> int:
+    """The intra-op thread count of every rank of a distributed stage (``BAYESAVG_THREADS``,
+    default 1), the same whatever the number of processes: CPU kernels can round
+    differently with another thread count."""
+    text = os.environ.get(THREADS_ENV, "1")
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"{THREADS_ENV}: must be a positive integer (got {text!r})")
+    return int(text)
+
+
+def nproc() -> int:
+    """Processes to run distributed stages on (``BAYESAVG_NPROC``, default 1)."""
+    text = os.environ.get(NPROC_ENV, "1")
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"{NPROC_ENV}: must be a positive integer (got {text!r})")
+    return int(text)
+
+
+def is_rank() -> bool:
+    """Whether this process is one rank of a torchrun job."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def is_main_rank() -> bool:
+    """Rank 0, or a process outside any torchrun job: the one that writes outputs."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def should_relaunch() -> bool:
+    return not is_rank() and nproc() > 1
+
+
+def relaunch(argv: Sequence[str]) -> None:
+    """Run ``python argv...`` on ``BAYESAVG_NPROC`` processes through torchrun; return when
+    all have finished, or raise ``UserError`` with the first failure in one line."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    errors = tempfile.mkdtemp(prefix="bayesavg-ranks-")
+    os.environ[ERRORS_ENV] = errors
+    # The same intra-op thread count on every rank, also what torchrun would set.
+    os.environ["OMP_NUM_THREADS"] = str(threads())
+    for name in ("torch.distributed", "torch.distributed.elastic"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    args = get_args_parser().parse_args(
+        ["--standalone", f"--nproc-per-node={nproc()}", "--max-restarts=0", *argv]
+    )
+    try:
+        run(args)
+    except ChildFailedError:
+        raise UserError(_first_failure(errors)) from None
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+def _first_failure(errors: str) -> str:
+    """The earliest failure a rank recorded, as one line (the traceback first if a bug)."""
+    records = []
+    for name in os.listdir(errors):
+        with open(os.path.join(errors, name)) as f:
+            records.append(json.load(f))
+    if not records:
+        return f"a rank of the {nproc()}-process run died without a word (killed?)"
+    first = min(records, key=lambda r: r["time"])
+    if not first["user_error"]:
+        sys.stderr.write(first["traceback"])
+    return f"rank {first['rank']} of {first['world']}: {first['message']}"
+
+
+def rank_entry(fn: Callable[[], None]) -> int:
+    """Run one rank's part; on failure record it for the launcher and return the exit code.
+
+    Nothing is printed: the launcher reports the first failure of the job.
+    Ranks other than 0 log warnings only.
+    """
+    setup_logging()
+    if not is_main_rank():
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        fn()
+    except BaseException as err:
+        user = isinstance(err, UserError)
+        record = {
+            "rank": int(os.environ.get("RANK", "0")),
+            "world": int(os.environ.get("WORLD_SIZE", "1")),
+            "time": time.time(),
+            "user_error": user,
+            "message": str(err) if user else f"{type(err).__name__}: {err}",
+            "traceback": traceback.format_exc(),
+        }
+        folder = os.environ.get(ERRORS_ENV)
+        if folder is None:  # a rank started by hand, not by relaunch: say it here
+            sys.stderr.write(record["traceback"] if not user else f"error: {err}\n")
+        else:
+            with open(os.path.join(folder, f"rank{record['rank']}.json"), "w") as f:
+                json.dump(record, f)
+        return 2 if user else 1
+    return 0

@@ -392,10 +392,35 @@ class PlaneParams(_Section):
     n_points: PosInt = 1000
 
 
+class DSWAGSweep(_Section):
+    """The DSWAG paper's figures 5-7: trajectory ``trajectory`` (``kind: dswag``) run again
+    for each number of clients in ``workers``, from the same start, with phase 1 capped
+    at ``rounds`` and stopped at ``target_accuracy`` (train split); the test accuracy at
+    theta_bar + m sigma * z (``sigma_draws`` seeded z per multiple m)."""
+
+    trajectory: Annotated[str, Field(pattern=_NAME)] = "dswag"
+    workers: list[PosInt] = Field(default_factory=list)
+    rounds: PosInt = 40
+    target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.95
+    sigma_multiples: list[NonNegFloat] = Field(
+        default_factory=lambda: [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+    )
+    sigma_draws: PosInt = 5
+
+    @model_validator(mode="after")
+    def _check(self) -> DSWAGSweep:
+        if len(set(self.workers)) != len(self.workers):
+            raise ValueError("workers: each number of clients once (one DVC stage each)")
+        if not self.sigma_multiples:
+            raise ValueError("sigma_multiples: at least one multiple")
+        return self
+
+
 class EvaluateParams(_Section):
     n_samples: PosInt = 30
     sharpness: SharpnessParams = SharpnessParams()
     plane: PlaneParams = PlaneParams()
+    dswag_sweep: DSWAGSweep = DSWAGSweep()
     batch_size: PosInt = 1000
     bn_update_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     ece_bins: Annotated[int, Field(ge=2)] = 20
@@ -468,6 +493,17 @@ class Params(_Section):
                     f"evaluate.plane.trajectories: {name!r} is not a finetune trajectory that "
                     "collects snapshots"
                 )
+        sweep = self.evaluate.dswag_sweep
+        if sweep.workers and not isinstance(self.finetune.get(sweep.trajectory), DSWAGTrajectory):
+            raise ValueError(
+                f"evaluate.dswag_sweep.trajectory: {sweep.trajectory!r} is not a finetune "
+                "trajectory of kind dswag (or set workers: [])"
+            )
+        if sweep.workers and self.finetune[sweep.trajectory].start != "init":
+            raise ValueError(
+                f"evaluate.dswag_sweep.trajectory: {sweep.trajectory} must start from init "
+                "(the sweep trains every W from the same fresh network, as the paper)"
+            )
         for name, pred in self.evaluate.predictors.items():
             key = f"evaluate.predictors.{name}"
             if not re.fullmatch(_NAME, name):

@@ -153,11 +153,17 @@ def _evaluate(world: World, net: nn.Module, splits: dict[str, Tensors]) -> dict[
 
 
 def finetune_dswag(
-    params: Params, name: str, prepared: Prepared, start: PosteriorFile, device: torch.device
+    params: Params,
+    name: str,
+    prepared: Prepared,
+    start: PosteriorFile,
+    device: torch.device,
+    traj: DSWAGTrajectory | None = None,
 ) -> RunResult | None:
-    """Trajectory ``name`` (``kind: dswag``) from ``start``; None on ranks other than 0,
-    which leave the outputs to rank 0. Not checkpointed: a run is minutes."""
-    traj = params.finetune[name]
+    """Trajectory ``name`` (``kind: dswag``) from ``start``, or ``traj`` in its place (the
+    worker sweep's variants); None on ranks other than 0, which leave the outputs to
+    rank 0. Not checkpointed: a run is minutes."""
+    traj = traj or params.finetune[name]
     if not isinstance(traj, DSWAGTrajectory):
         raise TypeError(f"finetune.{name}: not a dswag trajectory")
     kwargs = dict(start.model_kwargs)

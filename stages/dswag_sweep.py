@@ -1,0 +1,123 @@
+"""Stage `dswag_sweep@<W>`: the dswag trajectory re-run on W clients (DSWAG paper, Figs 5-7).
+
+Phase 1 stops at `evaluate.dswag_sweep.target_accuracy` or after its
+`rounds`; everything else is the trajectory's. Writes the per-round history,
+the accuracy at theta_bar + m sigma z, and the test metrics of the FedAvg
+model, DSWA and DSWAG. Runs on `BAYESAVG_NPROC` processes like finetune.
+"""
+
+import sys
+from pathlib import Path
+
+from _common import MANIFEST, PREPARED, main, params, relaunch, tracked
+
+from bayesavg import launch
+from bayesavg.errors import UserError
+from bayesavg.io import write_csv, write_json
+
+PREDICTORS = {"fedavg": "map", "dswa": "swa", "dswag": "swag"}
+
+
+def run() -> None:
+    # Imported here, not above: torch loads while _common.main's tracking worker starts.
+    from bayesavg.data import load_prepared
+    from bayesavg.distributed import local_device
+    from bayesavg.dswag import finetune_dswag
+    from bayesavg.evaluate import bn_subset, evaluate
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.seeding import derive_seed, resolve_device
+    from bayesavg.sweep import rounds_to_target, sigma_distance
+
+    p = params()
+    sweep = p.evaluate.dswag_sweep
+    workers = [str(w) for w in sweep.workers]
+    if len(sys.argv) != 2 or sys.argv[1] not in workers:
+        listed = ", ".join(workers) or "none: list them in evaluate.dswag_sweep.workers"
+        raise UserError(f"usage: dswag_sweep.py <workers>, one of {listed}")
+    w = int(sys.argv[1])
+    base = p.finetune[sweep.trajectory]
+    phase1 = base.phase1.model_copy(
+        update={"rounds": sweep.rounds, "target_accuracy": sweep.target_accuracy}
+    )
+    traj = base.model_copy(update={"clients": w, "phase1": phase1})
+    name = f"{sweep.trajectory}_w{w}"
+    start_file = Path("models") / base.start / "posterior.pt"
+    device = local_device(resolve_device(p.device))
+    if launch.should_relaunch():
+        relaunch()
+        return
+    if not launch.is_main_rank():  # a torchrun rank other than 0: compute, write nothing
+        finetune_dswag(p, name, load_prepared(PREPARED), load_posterior(start_file), device, traj)
+        return
+    stage = f"dswag_sweep@{w}"
+    logged = {
+        "workers": w,
+        "finetune": traj.model_dump(),
+        "sweep": sweep.model_dump(exclude={"workers"}),
+        "n_samples": p.evaluate.n_samples,
+    }
+    with tracked(stage, p, logged, [MANIFEST, start_file]) as mlrun:
+        data = load_prepared(PREPARED)
+        result = finetune_dswag(p, name, data, load_posterior(start_file), device, traj)
+        assert result is not None
+        posterior = result.posterior
+        bn_x = None
+        if posterior.has_batchnorm:
+            bn_part = bn_subset(data.train, p.evaluate.bn_update_fraction, p.seed)
+            bn_x = posterior.model_input(bn_part.x, device)
+        test = (posterior.model_input(data.test.x, device), data.test.y.to(device))
+        snapshots = posterior.collector["n_collected"]
+        metrics: dict[str, object] = {
+            "workers": w,
+            "rounds": len(result.history),
+            "rounds_to_target": rounds_to_target(result.history, sweep.target_accuracy),
+            "target_accuracy": sweep.target_accuracy,
+            "snapshots": snapshots,
+        }
+        for key, method in PREDICTORS.items():
+            if method == "swag" and snapshots < 2:
+                metrics[key] = None  # one snapshot: no covariance to sample (ALGORITHMS §8)
+                continue
+            found = evaluate(
+                posterior,
+                method,
+                {"test": test},
+                n_samples=p.evaluate.n_samples,
+                bn_x=bn_x,
+                batch_size=p.evaluate.batch_size,
+                ece_bins=p.evaluate.ece_bins,
+                seed=derive_seed(p.seed, "dswag_sweep", w, key),
+                device=device,
+                name=f"{key} (W={w})",
+            )["test"].metrics
+            metrics[key] = {k: found[k] for k in ("accuracy", "nll", "ece", "brier")}
+        distance = sigma_distance(
+            posterior,
+            *test,
+            sweep.sigma_multiples,
+            sweep.sigma_draws,
+            derive_seed(p.seed, "dswag_sweep", "sigma"),
+            bn_x=bn_x,
+            batch_size=p.evaluate.batch_size,
+        )
+        out = Path("plots/dswag_sweep") / str(w)
+        write_csv(out / "rounds.csv", result.history)
+        write_csv(out / "sigma_distance.csv", distance)
+        write_json(Path("metrics/dswag_sweep") / f"{w}.json", metrics)
+        mlrun.log_history(result.history)
+        flat = {
+            f"{key}_{k}": v
+            for key in PREDICTORS
+            if isinstance(metrics[key], dict)
+            for k, v in metrics[key].items()
+        }
+        flat["rounds"] = float(len(result.history))
+        if metrics["rounds_to_target"] is not None:
+            flat["rounds_to_target"] = float(metrics["rounds_to_target"])
+        mlrun.log_metrics(flat)
+        mlrun.log_artifact(out / "rounds.csv", "plots")
+        mlrun.log_artifact(out / "sigma_distance.csv", "plots")
+
+
+if __name__ == "__main__":
+    main(run)

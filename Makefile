@@ -32,6 +32,7 @@ test: lint
 bench: install
 	python benchmarks/run.py
 	python benchmarks/pipeline.py
+	python benchmarks/dswag.py
 
 ui: install
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \

@@ -2,14 +2,15 @@
 
 Phase 1 stops at `evaluate.dswag_sweep.target_accuracy` or after its
 `rounds`; everything else is the trajectory's. Writes the per-round history,
-the accuracy at theta_bar + m sigma z, and the test metrics of the FedAvg
-model, DSWA and DSWAG. Runs on `BAYESAVG_NPROC` processes like finetune.
+the accuracy at theta_bar + m sigma z, the test metrics of the FedAvg
+model, DSWA and DSWAG, and the posterior (models/<trajectory>_w<W>). Runs on
+`BAYESAVG_NPROC` processes like finetune.
 """
 
 import sys
 from pathlib import Path
 
-from _common import MANIFEST, PREPARED, main, params, relaunch, tracked
+from _common import MANIFEST, PREPARED, main, mark_outputs, params, relaunch, tracked
 
 from bayesavg import launch
 from bayesavg.errors import UserError
@@ -24,7 +25,7 @@ def run() -> None:
     from bayesavg.distributed import local_device
     from bayesavg.dswag import finetune_dswag
     from bayesavg.evaluate import bn_subset, evaluate
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posterior_file import load_posterior, save_posterior
     from bayesavg.seeding import derive_seed, resolve_device
     from bayesavg.sweep import rounds_to_target, sigma_distance
 
@@ -104,6 +105,9 @@ def run() -> None:
         write_csv(out / "rounds.csv", result.history)
         write_csv(out / "sigma_distance.csv", distance)
         write_json(Path("metrics/dswag_sweep") / f"{w}.json", metrics)
+        model = Path("models") / name / "posterior.pt"
+        save_posterior(model, posterior)
+        mark_outputs(mlrun, [model])
         mlrun.log_history(result.history)
         flat = {
             f"{key}_{k}": v

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,16 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("finetune.swag.start", "nowhere", "finetune.swag.start: 'nowhere' is not pretrain"),
         ("finetune.swag.kind", "vi", "finetune.swag.vi: a vi trajectory needs a 'vi' section"),
         ("finetune.sgd.reset_to_average", True, "reset_to_average: only hwa trajectories"),
+        ("finetune.dswag.clients", 0, "finetune.dswag.clients: Input should be greater than"),
+        ("finetune.dswag.split.kind", "skewed", "finetune.dswag.split.kind: Input should be"),
+        ("finetune.dswag.phase1.client_fraction", 0.0, "finetune.dswag.phase1.client_fraction"),
+        ("finetune.dswag.phase2.snapshots_per_client", 9, "snapshots_per_client: at most epochs"),
+        ("finetune.dswag.epochs", 10, "unknown key 'finetune.dswag.epochs'"),
+        ("finetune.dswag.start", "nowhere", "finetune.dswag.start: 'nowhere' is not pretrain"),
+        ("evaluate.dswag_sweep.trajectory", "swag", "'swag' is not a finetune trajectory of kind"),
+        ("evaluate.dswag_sweep.workers", [5, 5], "evaluate.dswag_sweep.workers: each number"),
+        ("finetune.dswag.start", "pretrain", "dswag must start from init (the sweep"),
+        ("finetune.init", {"start": "pretrain"}, "finetune.init: the name 'init' is a stage's"),
     ],
 )
 def test_bad_value_names_key(
@@ -80,6 +91,28 @@ def test_bad_value_names_key(
     assert expected in message
     assert message.startswith("params.yaml: ")
     assert "\n" not in message
+
+
+def test_the_sweep_owns_its_model_names(default_raw: dict[str, Any]) -> None:
+    raw = _with(default_raw, "finetune.dswag_w10", copy.deepcopy(default_raw["finetune"]["sgd"]))
+    with pytest.raises(UserError, match=r"finetune\.dswag_w10: the name is the worker sweep's"):
+        parse_params(raw)
+
+
+def test_dswag_snapshots_need_not_fill_a_swag_predictor(default_raw: dict[str, Any]) -> None:
+    """One explorer with one snapshot is a valid trajectory for map and swa (no variance)."""
+    raw = _with(default_raw, "finetune.dswag.phase2.client_fraction", 0.05)
+    raw["finetune"]["dswag"]["phase2"]["snapshots_per_client"] = 1
+    raw["evaluate"]["predictors"] = {
+        "fedavg": {"trajectory": "dswag", "method": "map"},
+        "dswa": {"trajectory": "dswag", "method": "swa"},
+    }
+    raw["finetune"].pop("fedavg_swag")
+    params = parse_params(raw)
+    assert params.finetune["dswag"].snapshots() == 1
+    raw["evaluate"]["predictors"]["dswag"] = {"trajectory": "dswag", "method": "swag"}
+    with pytest.raises(UserError, match=r"finetune\.dswag\.phase2: evaluate\.predictors\.dswag "):
+        parse_params(raw)
 
 
 def test_unknown_key_is_rejected(default_raw: dict[str, Any]) -> None:
@@ -124,6 +157,15 @@ def test_snapshot_count(default_raw: dict[str, Any]) -> None:
     assert parse_params(raw).finetune["swag"].snapshots(iters_per_epoch=10) == 5
 
 
+def _resolve(dotted: str, raw: dict[str, Any]) -> str:
+    if dotted in ("key", "item"):
+        return "${" + dotted + "}"
+    node: Any = raw
+    for part in dotted.split("."):
+        node = node[part]
+    return str(node)
+
+
 def test_every_dvc_param_exists_in_params_yaml(default_raw: dict[str, Any]) -> None:
     """DVC fails on a params key missing from params.yaml even when the schema has a default."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -140,6 +182,8 @@ def test_every_dvc_param_exists_in_params_yaml(default_raw: dict[str, Any]) -> N
             "plane": default_raw["evaluate"]["plane"]["trajectories"],
         }
         for key in keys:
+            # A value interpolated from params (not the foreach item) is resolved first.
+            key = re.sub(r"\$\{([a-z_.]+)\}", lambda m: _resolve(m[1], default_raw), key)
             templated = "${key}" in key or "${item}" in key
             for item in items.get(name, [None]) if templated else [None]:
                 node: Any = default_raw

@@ -499,6 +499,12 @@ class Params(_Section):
                 f"evaluate.dswag_sweep.trajectory: {sweep.trajectory!r} is not a finetune "
                 "trajectory of kind dswag (or set workers: [])"
             )
+        for w in sweep.workers:
+            if f"{sweep.trajectory}_w{w}" in self.finetune:
+                raise ValueError(
+                    f"finetune.{sweep.trajectory}_w{w}: the name is the worker sweep's "
+                    f"(models/{sweep.trajectory}_w{w}); rename the trajectory"
+                )
         if sweep.workers and self.finetune[sweep.trajectory].start != "init":
             raise ValueError(
                 f"evaluate.dswag_sweep.trajectory: {sweep.trajectory} must start from init "

@@ -1,0 +1,191 @@
+"""Distributed SWAG on torch.distributed: speed-up of 2 processes over 1, and memory per rank.
+
+(a) The default ``dswag`` trajectory (shortened: ``--rounds`` rounds, 2
+    exploring epochs) on mnist5k with LeNet-5, run on 1 and on 2 processes
+    (one intra-op thread each, ``BAYESAVG_THREADS=1``) through the same
+    launcher the pipeline uses (torchrun via ``bayesavg.launch``). The time
+    is that of ``run_dswag`` on rank 0 (joining, training, gathering); the
+    whole process (torch import and rendezvous included) is reported too.
+    Runs alternate 1, 2, 2, 1, ... so load drift hits both alike; the
+    posterior's sha256 must be the same for both counts.
+(b) 1,000 logical clients on 2 processes against 100: how much more each
+    rank's RSS grows during the run, in units of the model's size (4 d
+    bytes). Memory O(W d) would add ~900 model sizes per copy kept; the
+    design keeps O(d (K + clients in flight)), so ~0.
+
+Run ``python benchmarks/dswag.py [--repeats 3] [--rounds 5]``; results go to
+``benchmarks/dswag.json``. Nothing is asserted; targets are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(__file__).resolve().parent / "dswag.json"
+
+
+def job(args: argparse.Namespace) -> None:
+    """One rank (or the only process): run DSWAG and let rank 0 write what it measured."""
+    import resource
+
+    import torch
+
+    from bayesavg import launch
+    from bayesavg.config import load_params
+    from bayesavg.data import prepare
+    from bayesavg.dswag import run_dswag
+    from bayesavg.io import write_text
+    from bayesavg.models import build_model
+    from bayesavg.posterior_file import save_posterior
+    from bayesavg.seeding import seed_everything
+    from bayesavg.trajectories import posterior_fields, tensors
+
+    torch.set_num_threads(launch.threads())  # the data's statistics too: same on every count
+    p = load_params(ROOT / "params.yaml")
+    base = p.finetune["dswag"]
+    phase1 = base.phase1.model_copy(update={"rounds": args.rounds})
+    phase2 = base.phase2.model_copy(update={"epochs": 2, "snapshots_per_client": 1})
+    traj = base.model_copy(update={"clients": args.clients, "phase1": phase1, "phase2": phase2})
+    if args.clients > 100:  # the memory run: many clients, one step each, one round
+        traj = traj.model_copy(update={"batch_size": 8})
+    with tempfile.TemporaryDirectory() as tmp:
+        d = p.data
+        prepared = prepare(d.dataset, d.raw_dir, tmp, p.seed, d.test_fraction, d.val_fraction)
+    device = torch.device("cpu")
+    splits = {s: tensors(getattr(prepared, s), prepared, device) for s in ("train", "val", "test")}
+    seed_everything(p.seed, device)
+    kwargs = p.model.kwargs()
+    net = build_model(p.model.name, prepared.input_shape, prepared.num_classes, kwargs)
+    fields = posterior_fields(p, prepared, "dswag", kwargs)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    out = run_dswag(p.seed, "dswag", traj, net, splits, prepared.train.y, fields)
+    seconds = time.perf_counter() - started
+    rank = int(os.environ.get("RANK", "0"))
+    record: dict[str, Any] = {
+        "rank": rank,
+        "seconds": seconds,
+        "rss_before_kib": rss_before,
+        "rss_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "model_bytes": 4 * sum(q.numel() for q in net.parameters()),
+    }
+    if out is not None:
+        path = Path(f"{args.result}.pt")
+        save_posterior(path, out[0])
+        record["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        record["snapshots"] = out[0].collector["n_collected"]
+    write_text(f"{args.result}.rank{rank}.json", json.dumps(record))
+
+
+def launch_job(nproc: int, clients: int, rounds: int, tmp: Path) -> dict[str, Any]:
+    """Run ``job`` on ``nproc`` processes; return rank records and the whole wall time."""
+    result = tmp / f"n{nproc}-c{clients}-{time.monotonic_ns()}"
+    env = {**os.environ, "BAYESAVG_NPROC": str(nproc), "BAYESAVG_THREADS": "1"}
+    cmd = [sys.executable, __file__, "--job", "--result", str(result)]
+    cmd += ["--clients", str(clients), "--rounds", str(rounds)]
+    started = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, cwd=ROOT)
+    wall = time.perf_counter() - started
+    ranks = [json.loads((tmp / f"{result.name}.rank{r}.json").read_text()) for r in range(nproc)]
+    return {"wall": wall, "ranks": ranks}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--memory-clients", type=int, default=1000)
+    parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job:
+        from bayesavg import launch
+
+        if launch.should_relaunch():
+            launch.relaunch([__file__, *sys.argv[1:]])
+        else:
+            code = launch.rank_entry(lambda: job(args))
+            if code:
+                sys.exit(code)
+        return
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+        for i in range(args.repeats):
+            for n in (1, 2) if i % 2 == 0 else (2, 1):
+                runs[n].append(launch_job(n, args.clients, args.rounds, tmp))
+                print(f"  {n} process(es): {runs[n][-1]['ranks'][0]['seconds']:.1f} s", flush=True)
+        few = launch_job(2, args.memory_clients // 10, 1, tmp)
+        memory = launch_job(2, args.memory_clients, 1, tmp)
+    compute = {n: [r["ranks"][0]["seconds"] for r in rs] for n, rs in runs.items()}
+    wall = {n: [r["wall"] for r in rs] for n, rs in runs.items()}
+    hashes = {r["ranks"][0]["sha256"] for rs in runs.values() for r in rs}
+    model_bytes = memory["ranks"][0]["model_bytes"]
+
+    def growth(r: dict[str, Any]) -> float:
+        return (r["rss_peak_kib"] - r["rss_before_kib"]) / 1024
+
+    per_rank = [
+        {
+            "rank": r["rank"],
+            "peak_rss_mib": r["rss_peak_kib"] / 1024,
+            "growth_mib": (r["rss_peak_kib"] - r["rss_before_kib"]) / 1024,
+            "growth_mib_tenth_clients": (f["rss_peak_kib"] - f["rss_before_kib"]) / 1024,
+            "extra_in_models": (
+                (r["rss_peak_kib"] - r["rss_before_kib"])
+                - (f["rss_peak_kib"] - f["rss_before_kib"])
+            )
+            * 1024
+            / model_bytes,
+        }
+        for r, f in zip(memory["ranks"], few["ranks"], strict=True)
+    ]
+    results = {
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "speedup_compute": statistics.median(compute[1]) / statistics.median(compute[2]),
+        "speedup_wall": statistics.median(wall[1]) / statistics.median(wall[2]),
+        "seconds_compute": compute,
+        "seconds_wall": wall,
+        "identical_posteriors": len(hashes) == 1,
+        "memory": {
+            "clients": args.memory_clients,
+            "model_mib": model_bytes / 2**20,
+            "snapshots": memory["ranks"][0]["snapshots"],
+            "per_rank": per_rank,
+        },
+        "cpu_count": os.cpu_count(),
+    }
+    OUT.write_text(json.dumps(results, indent=2) + "\n")
+    print(
+        f"DSWAG, {args.clients} clients: 2 processes vs 1 (one thread each): "
+        f"{results['speedup_compute']:.2f}x in run_dswag, {results['speedup_wall']:.2f}x whole "
+        f"process (target >= 1.6x); posteriors identical: {results['identical_posteriors']}"
+    )
+    for r in per_rank:
+        print(
+            f"{args.memory_clients} clients, rank {r['rank']}: "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB; "
+            f"growth during the run {r['growth_mib']:.0f} MiB "
+            f"vs {r['growth_mib_tenth_clients']:.0f} MiB with a tenth of the clients: "
+            f"{r['extra_in_models']:.0f} model sizes more for {9 * args.memory_clients // 10} more "
+            f"clients (model {results['memory']['model_mib']:.2f} MiB)"
+        )
+
+
+if __name__ == "__main__":
+    main()

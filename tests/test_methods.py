@@ -35,6 +35,7 @@ def _params(finetune: dict[str, Any], predictors: dict[str, Any], members: int =
     raw["finetune"] = finetune
     raw["evaluate"]["predictors"] = predictors
     raw["evaluate"]["plane"]["trajectories"] = []
+    raw["evaluate"]["dswag_sweep"]["workers"] = []
     return parse_params(raw)
 
 

@@ -178,6 +178,7 @@ def kill_params() -> dict[str, Any]:
             traj["members"] = 2
     raw["evaluate"]["predictors"] = {"swa": {"trajectory": "swag", "method": "swa"}}
     raw["evaluate"]["plane"]["trajectories"] = ["hwa"]
+    raw["evaluate"]["dswag_sweep"]["workers"] = []
     return raw
 
 

@@ -35,7 +35,6 @@ Decisions where the paper is vague:
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
@@ -43,6 +42,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
+from .batchnorm import bn_modules
 from .config import DSWAGTrajectory, Params
 from .data import Prepared
 from .distributed import World, broadcast, in_client_order, join, leave
@@ -51,7 +51,7 @@ from .optim import SGD
 from .posterior_file import PosteriorFile
 from .posteriors import SWAG
 from .seeding import derive_seed, generator, seed_everything
-from .train import Tensors, lr_at, train
+from .train import Tensors, batches_per_epoch, lr_at, train
 from .trajectories import RunResult, posterior_fields, start_model, tensors
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def shards(traj: DSWAGTrajectory, labels: torch.Tensor, seed: int) -> list[torch
 
 
 def _train_client(
+    client: int,
     net: nn.Module,
     data: Tensors,
     traj: DSWAGTrajectory,
@@ -111,7 +112,7 @@ def _train_client(
         lr=rate,
         generator=generator(seed),
         after_step=after_step,
-        desc="client",
+        desc=f"client {client}",
         log_epochs=False,
     )
 
@@ -224,7 +225,9 @@ def _fedavg_round(
     def work(client: int) -> torch.Tensor:
         load_state_vector(net, global_state)
         seed_ = client_seed(seed, 1, round_, client)
-        _train_client(net, data[client], traj, traj.phase1.local_epochs, lambda i: rate, seed_)
+        _train_client(
+            client, net, data[client], traj, traj.phase1.local_epochs, lambda i: rate, seed_
+        )
         return state_vector(net)
 
     def take(client: int, state: torch.Tensor) -> None:
@@ -252,7 +255,7 @@ def explore(
 
     def work(client: int) -> torch.Tensor:
         load_state_vector(net, theta_t)
-        steps = math.ceil(len(data[client]) / traj.batch_size)
+        steps = batches_per_epoch(len(data[client]), traj.batch_size, bool(bn_modules(net)))
         snaps: list[torch.Tensor] = []
 
         def rate(i: int) -> float:
@@ -263,7 +266,7 @@ def explore(
                 snaps.append(parameters_to_vector(net.parameters()).detach().double())
 
         seed_ = client_seed(seed, 2, PHASE2_ROUND, client)
-        _train_client(net, data[client], traj, p2.epochs, rate, seed_, after_step)
+        _train_client(client, net, data[client], traj, p2.epochs, rate, seed_, after_step)
         return torch.stack(snaps)
 
     def take(client: int, snaps: torch.Tensor) -> None:

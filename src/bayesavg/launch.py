@@ -74,8 +74,12 @@ def relaunch(argv: Sequence[str]) -> None:
     os.environ[ERRORS_ENV] = errors
     # The same intra-op thread count on every rank, also what torchrun would set.
     os.environ["OMP_NUM_THREADS"] = str(threads())
-    for name in ("torch.distributed", "torch.distributed.elastic"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    # torchrun's own account of a failure ("failed (exitcode: 2) local_rank: 1 ...") is a
+    # consequence of the rank's error, which is reported instead. Its loggers set their
+    # own levels, so each is silenced, not just the parent.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     args = get_args_parser().parse_args(
         ["--standalone", f"--nproc-per-node={nproc()}", "--max-restarts=0", *argv]
     )

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .batchnorm import bn_modules
 from .errors import UserError
 from .optim import SGD, Optimizer
 
@@ -130,6 +131,15 @@ def loss_and_accuracy(
     return loss / len(data), correct.double() / len(data)
 
 
+def batches_per_epoch(n: int, batch_size: int, batch_norm: bool = False) -> int:
+    """Minibatches in an epoch of ``n`` examples: ceil(n / batch_size), except that a
+    BatchNorm network takes a last batch of one example together with the batch before
+    (BatchNorm cannot normalise a single example in training; among DSWAG's clients a
+    shard of k * batch_size + 1 examples is common)."""
+    count = math.ceil(n / batch_size)
+    return count - 1 if batch_norm and count > 1 and n % batch_size == 1 else count
+
+
 def train(
     model: nn.Module,
     optimizer: Optimizer,
@@ -161,7 +171,10 @@ def train(
     client of distributed SWAG; there may be thousands).
     """
     n = len(train_data)
-    iters_per_epoch = math.ceil(n / batch_size)
+    batch_norm = bool(bn_modules(model))
+    if batch_norm and n == 1:
+        raise UserError(f"{desc}: one training example cannot train a BatchNorm network")
+    iters_per_epoch = batches_per_epoch(n, batch_size, batch_norm)
     device = train_data.x.device
     progress = progress if progress is not None else Progress()
     history = progress.history
@@ -181,7 +194,8 @@ def train(
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         for b in range(iters_per_epoch):
-            idx = order[b * batch_size : (b + 1) * batch_size]
+            end = (b + 1) * batch_size if b < iters_per_epoch - 1 else n
+            idx = order[b * batch_size : end]
             xb, yb = train_data.x[idx], train_data.y[idx]
             rate = lr(iteration)
             for group in optimizer.param_groups:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from .batchnorm import update_bn
+from .batchnorm import bn_modules, update_bn
 from .checkpoint import Resumable
 from .config import Params, PretrainParams, Trajectory
 from .data import Prepared, Split, to_input
@@ -44,7 +44,17 @@ from .posteriors.vi import softplus_inverse
 from .sam import sam_step
 from .seeding import derive_seed, generator, rng_state, seed_everything, set_rng_state
 from .sgld import SGLD
-from .train import Progress, Step, Tensors, loss_and_accuracy, lr_at, sgd, sgd_step, train
+from .train import (
+    Progress,
+    Step,
+    Tensors,
+    batches_per_epoch,
+    loss_and_accuracy,
+    lr_at,
+    sgd,
+    sgd_step,
+    train,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +86,6 @@ def pretrain_seed(seed: int, member: int = 0) -> int:
 def finetune_seed(seed: int, name: str, member: int = 0) -> int:
     base = ("finetune", name) if member == 0 else ("finetune", name, member)
     return derive_seed(seed, *base)
-
-
-def iterations_per_epoch(n: int, batch_size: int) -> int:
-    return math.ceil(n / batch_size)
 
 
 def posterior_fields(
@@ -177,7 +183,7 @@ def _train(
     """
     if train_t is None:
         train_t = tensors(prepared.train, prepared, device)
-    total = opts.epochs * iterations_per_epoch(len(train_t), opts.batch_size)
+    total = opts.epochs * batches_per_epoch(len(train_t), opts.batch_size, bool(bn_modules(net)))
     s = opts.schedule
     run = _Run({"net": net, "optimizer": optimizer, **(parts or {})}, generator(run_seed), device)
     if resume is not None and resume.state is not None:
@@ -332,10 +338,11 @@ def start_model(start: PosteriorFile, kwargs: dict[str, Any], device: torch.devi
 
 
 def _collect_schedule(
-    traj: Trajectory, n_train: int, collect: Callable[[], None]
+    traj: Trajectory, n_train: int, net: nn.Module, collect: Callable[[], None]
 ) -> Callable[[int], None]:
-    """``after_step`` that calls ``collect`` at the trajectory's snapshot iterations."""
-    per_epoch = iterations_per_epoch(n_train, traj.batch_size)
+    """``after_step`` that calls ``collect`` at the trajectory's snapshot iterations
+    (``net``: the network trained, whose BatchNorm layers can change the batch count)."""
+    per_epoch = batches_per_epoch(n_train, traj.batch_size, bool(bn_modules(net)))
 
     def after_step(i: int) -> None:
         if traj.collects_after(i, per_epoch):
@@ -399,7 +406,7 @@ def _finetune_sgd(
         optimizer: Optimizer = SGLD(trainable, len(prepared.train), weight_decay=traj.weight_decay)
         kept = parts["kept"] = KeptSamples(traj.collect.max_rank, device)
         after_step = _collect_schedule(
-            traj, len(prepared.train), lambda: kept.append(parameters_to_vector(trainable))
+            traj, len(prepared.train), model, lambda: kept.append(parameters_to_vector(trainable))
         )
         average = kept.mean
     else:
@@ -408,7 +415,9 @@ def _finetune_sgd(
             swag = parts["collector"] = SWAG(
                 sum(p.numel() for p in trainable), traj.collect.max_rank, device=device
             )
-            after_step = _collect_schedule(traj, len(prepared.train), lambda: swag.collect(model))
+            after_step = _collect_schedule(
+                traj, len(prepared.train), model, lambda: swag.collect(model)
+            )
 
             def average() -> torch.Tensor | None:
                 return swag.mean if swag.n_collected else None
@@ -526,7 +535,7 @@ def _finetune_svi(
                     vi.mu.copy_(hwa.mu.mean)
                     vi.rho.copy_(softplus_inverse(hwa.var.mean.sqrt()))
 
-        after_step = _collect_schedule(traj, len(prepared.train), snapshot)
+        after_step = _collect_schedule(traj, len(prepared.train), model, snapshot)
 
         def average() -> torch.Tensor | None:
             return hwa.mu.mean if hwa.n_collected else None

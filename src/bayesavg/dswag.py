@@ -52,7 +52,7 @@ from .posterior_file import PosteriorFile
 from .posteriors import SWAG
 from .seeding import derive_seed, generator, seed_everything
 from .train import Tensors, batches_per_epoch, lr_at, train
-from .trajectories import RunResult, posterior_fields, start_model, tensors
+from .trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +167,7 @@ def finetune_dswag(
     traj = traj or params.finetune[name]
     if not isinstance(traj, DSWAGTrajectory):
         raise TypeError(f"finetune.{name}: not a dswag trajectory")
-    kwargs = dict(start.model_kwargs)
-    if traj.dropout is not None:
-        kwargs["dropout"] = traj.dropout
+    kwargs = trajectory_kwargs(start, traj.dropout)
     fields = posterior_fields(params, prepared, name, kwargs)
     net = start_model(start, kwargs, device)
     splits = {s: tensors(getattr(prepared, s), prepared, device) for s in ("train", "val", "test")}

@@ -88,6 +88,14 @@ def finetune_seed(seed: int, name: str, member: int = 0) -> int:
     return derive_seed(seed, *base)
 
 
+def trajectory_kwargs(start: PosteriorFile, dropout: float | None) -> dict[str, Any]:
+    """The start's model kwargs, with the trajectory's own dropout rate where it sets one."""
+    kwargs = dict(start.model_kwargs)
+    if dropout is not None:
+        kwargs["dropout"] = dropout
+    return kwargs
+
+
 def posterior_fields(
     params: Params, prepared: Prepared, trajectory: str, model_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
@@ -311,9 +319,7 @@ def finetune(
     traj = params.finetune[name]
     if not isinstance(traj, Trajectory):
         raise TypeError(f"finetune.{name}: a {traj.kind} trajectory runs in bayesavg.dswag")
-    kwargs = dict(start.model_kwargs)
-    if traj.dropout is not None:
-        kwargs["dropout"] = traj.dropout
+    kwargs = trajectory_kwargs(start, traj.dropout)
     fields = posterior_fields(params, prepared, name, kwargs)
     if traj.kind == "ensemble":
         return _finetune_ensemble(params, name, traj, prepared, start, device, fields, resume)

@@ -7,7 +7,10 @@
     is that of ``run_dswag`` on rank 0 (joining, training, gathering); the
     whole process (torch import and rendezvous included) is reported too.
     Runs alternate 1, 2, 2, 1, ... so load drift hits both alike; the
-    posterior's sha256 must be the same for both counts.
+    posterior's sha256 must be the same for both counts. Beside them, the
+    machine's own ceiling: a fixed single-thread workload in one process
+    against two copies side by side (2.0 on two free cores; a VM whose two
+    vCPUs share a core or a quota gives less, and no 2-process run can beat it).
 (b) 1,000 logical clients on 2 processes against 100: how much more each
     rank's RSS grows during the run, in units of the model's size (4 d
     bytes). Memory O(W d) would add ~900 model sizes per copy kept; the
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -88,6 +92,30 @@ def job(args: argparse.Namespace) -> None:
     write_text(f"{args.result}.rank{rank}.json", json.dumps(record))
 
 
+def _steps(_: int) -> float:
+    """A fixed single-thread workload (LeNet-5 training steps); its wall time."""
+    import torch
+
+    from bayesavg.models import build_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = build_model("lenet5", (1, 28, 28), 10, {})
+    x, y = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    started = time.perf_counter()
+    for _ in range(400):
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+    return time.perf_counter() - started
+
+
+def ceiling(pool1: Any, pool2: Any) -> float:
+    """What this machine gives two independent single-thread processes: 2 t1 / t2 for the
+    same workload alone and side by side (2.0 on two free cores)."""
+    alone = pool1.map(_steps, [0])[0]
+    together = max(pool2.map(_steps, [0, 1]))
+    return 2 * alone / together
+
+
 def launch_job(nproc: int, clients: int, rounds: int, tmp: Path) -> dict[str, Any]:
     """Run ``job`` on ``nproc`` processes; return rank records and the whole wall time."""
     result = tmp / f"n{nproc}-c{clients}-{time.monotonic_ns()}"
@@ -121,10 +149,18 @@ def main() -> None:
                 sys.exit(code)
         return
 
-    with tempfile.TemporaryDirectory() as tmp_name:
+    ctx = multiprocessing.get_context("spawn")
+    with (
+        tempfile.TemporaryDirectory() as tmp_name,
+        ctx.Pool(1) as pool1,
+        ctx.Pool(2) as pool2,
+    ):
         tmp = Path(tmp_name)
         runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+        ceilings = []
         for i in range(args.repeats):
+            ceilings.append(ceiling(pool1, pool2))
+            print(f"  independent work, 2 processes vs 1: {ceilings[-1]:.2f}x", flush=True)
             for n in (1, 2) if i % 2 == 0 else (2, 1):
                 runs[n].append(launch_job(n, args.clients, args.rounds, tmp))
                 print(f"  {n} process(es): {runs[n][-1]['ranks'][0]['seconds']:.1f} s", flush=True)
@@ -158,6 +194,8 @@ def main() -> None:
         "rounds": args.rounds,
         "repeats": args.repeats,
         "speedup_compute": statistics.median(compute[1]) / statistics.median(compute[2]),
+        "machine_ceiling": statistics.median(ceilings),
+        "machine_ceiling_range": [min(ceilings), max(ceilings)],
         "speedup_wall": statistics.median(wall[1]) / statistics.median(wall[2]),
         "seconds_compute": compute,
         "seconds_wall": wall,
@@ -175,6 +213,11 @@ def main() -> None:
         f"DSWAG, {args.clients} clients: 2 processes vs 1 (one thread each): "
         f"{results['speedup_compute']:.2f}x in run_dswag, {results['speedup_wall']:.2f}x whole "
         f"process (target >= 1.6x); posteriors identical: {results['identical_posteriors']}"
+    )
+    print(
+        f"this machine, two independent single-thread processes vs one: "
+        f"{results['machine_ceiling']:.2f}x (2.0 on two free cores; range "
+        f"{min(ceilings):.2f}-{max(ceilings):.2f}): the most any 2-process run can gain here"
     )
     for r in per_rank:
         print(

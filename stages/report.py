@@ -7,10 +7,19 @@ from pathlib import Path
 from _common import MANIFEST, RUNS, main, params, raw_params, tracked
 
 from bayesavg.config import Params
-from bayesavg.report import PlaneData, PredictorResult, ReportInputs, pair_predictors, write_report
+from bayesavg.report import (
+    PlaneData,
+    PredictorResult,
+    ReportInputs,
+    SweepPoint,
+    pair_predictors,
+    write_report,
+)
 
 OUT = Path("reports")
 PLANES = Path("plots/plane")
+SWEEP_METRICS = Path("metrics/dswag_sweep")
+SWEEP_PLOTS = Path("plots/dswag_sweep")
 
 
 def _csv(path: Path) -> list[dict[str, float]]:
@@ -53,6 +62,30 @@ def _planes(p: Params) -> dict[str, PlaneData]:
     return planes
 
 
+def _sweep(p: Params) -> list[SweepPoint]:
+    """The DSWAG worker sweep, in increasing W, for the listed W the sweep has written."""
+    points = []
+    for w in sorted(p.evaluate.dswag_sweep.workers):
+        file = SWEEP_METRICS / f"{w}.json"
+        if not file.is_file():
+            continue
+        found = json.loads(file.read_text())
+        folder = SWEEP_PLOTS / str(w)
+        points.append(
+            SweepPoint(
+                workers=int(found["workers"]),
+                rounds=int(found["rounds"]),
+                rounds_to_target=found["rounds_to_target"],
+                target_accuracy=float(found["target_accuracy"]),
+                snapshots=int(found["snapshots"]),
+                metrics={k: found.get(k) for k in ("fedavg", "dswa", "dswag")},
+                history=_csv(folder / "rounds.csv"),
+                sigma_distance=_csv(folder / "sigma_distance.csv"),
+            )
+        )
+    return points
+
+
 def run() -> None:
     p = params()
     predictors = [
@@ -85,6 +118,7 @@ def run() -> None:
         notes=p.report.notes,
         pairs=_pairs(p),
         planes=_planes(p),
+        dswag_sweep=_sweep(p),
         dataset_summary={
             "dataset": manifest["dataset"],
             **{s: manifest["splits"][s]["n"] for s in ("train", "val", "test")},

@@ -44,6 +44,7 @@ PREDICTORS = {
     "dswag": {"trajectory": "dswag", "method": "swag", "scale": 0.5},
 }
 PLANES = ["hwa"]
+SWEEP = [1, 2]
 STAGES = {
     "data",
     "pretrain",
@@ -52,6 +53,7 @@ STAGES = {
     *(f"finetune@{t}" for t in KEPT_TRAJECTORIES),
     *(f"evaluate@{p}" for p in PREDICTORS),
     *(f"plane@{t}" for t in PLANES),
+    *(f"dswag_sweep@{w}" for w in SWEEP),
 }
 
 
@@ -69,6 +71,7 @@ def tiny_params() -> dict[str, Any]:
     dswag.update(clients=3, batch_size=128, max_rank=5)
     dswag["phase1"]["rounds"] = 2
     dswag["phase2"].update(epochs=2, snapshots_per_client=2)
+    raw["evaluate"]["dswag_sweep"].update(workers=SWEEP, rounds=2, sigma_draws=2)
     for traj in raw["finetune"].values():
         if traj.get("kind") == "dswag":
             continue

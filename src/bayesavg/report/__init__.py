@@ -7,7 +7,14 @@ and CSV.
 """
 
 from .findings import pair_predictors
-from .inputs import PlaneData, PredictorResult, ReportInputs
+from .inputs import PlaneData, PredictorResult, ReportInputs, SweepPoint
 from .render import write_report
 
-__all__ = ["PlaneData", "PredictorResult", "ReportInputs", "pair_predictors", "write_report"]
+__all__ = [
+    "PlaneData",
+    "PredictorResult",
+    "ReportInputs",
+    "SweepPoint",
+    "pair_predictors",
+    "write_report",
+]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from . import findings
+from . import distributed, findings
 from .figures import FIGURES
 from .findings import Cell, Table
 from .inputs import ReportInputs
@@ -66,12 +66,31 @@ Block = Heading | Paragraph | Bullets | TableBlock | FigureBlock | Preformatted
 # Tables that give a figure's key numbers in text, shown right under the figure.
 _FIGURE_TABLES: dict[str, Callable[[ReportInputs], Table | None]] = {
     "sigma": lambda inputs: findings.sigma_table(inputs.predictors),
+    "dswag_rounds": lambda inputs: distributed.rounds_table(inputs.dswag_sweep),
+    "dswag_sigma_distance": lambda inputs: distributed.sigma_table(inputs.dswag_sweep),
+    "dswag_workers": lambda inputs: distributed.sweep_table(inputs.dswag_sweep),
 }
 
 
 def _bullets(lines: list[str], empty: str) -> Block:
     """A list, or a sentence saying there is nothing to list."""
     return Bullets(lines) if lines else Paragraph(empty)
+
+
+def _distributed(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
+    """The DSWAG paper's claims as found; nothing without a dswag trajectory or sweep."""
+    overview = distributed.overview(inputs)
+    if overview is None:
+        return []
+    figures = [name for name in pngs if name.startswith("dswag_")]
+    where = f" The figures {', '.join(figures)} below show the numbers." if figures else ""
+    return [
+        Heading(2, "Distributed SWAG"),
+        Paragraph(overview + where),
+        Paragraph(distributed.SIGN_NOTE),
+        Heading(3, "The paper's claims on this data"),
+        _bullets(distributed.claims(inputs), "No claim can be checked without the sweep."),
+    ]
 
 
 def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
@@ -98,6 +117,7 @@ def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
         blocks.append(Paragraph(findings.NO_PAIRS))
     for title, lines in claims:
         blocks += [Heading(3, title), Bullets(lines)]
+    blocks += _distributed(inputs, pngs)
     for spec in FIGURES:
         if spec.name not in pngs:
             continue

@@ -22,7 +22,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from .inputs import PlaneData, PredictorResult, ReportInputs
+from .distributed import SWEEP_PREDICTORS, dswag_roles, has_variance, sigma_curve
+from .inputs import PlaneData, PredictorResult, ReportInputs, SweepPoint, trajectory_params
 
 _COLOURS = matplotlib.colormaps["tab10"].colors
 
@@ -33,10 +34,37 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _colour(i: int, n: int) -> Any:
+    """The i-th of n series: tab10 while it suffices, tab20 beyond (pairs stay apart by shade)."""
+    colours = _COLOURS if n <= len(_COLOURS) else matplotlib.colormaps["tab20"].colors
+    return colours[i % len(colours)]
+
+
+def _marker(i: int, default: str = "o") -> str:
+    """A marker that tells apart series whose colours repeat (more than 20 of them)."""
+    return (default, "s", "^", "D", "v")[(i // 20) % 5]
+
+
+def _outside_legend(fig: Figure, handles: list[Any], labels: list[str], rows: int = 22) -> None:
+    """One legend right of all panels, in as many columns as it needs to fit."""
+    ncols = max(1, math.ceil(len(labels) / rows))
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", ncols=ncols)
+
+
+# Beyond this many predictors the reliability figure has one panel per predictor.
+_RELIABILITY_OVERLAY_MAX = 4
+
+
 def reliability_figure(predictors: list[PredictorResult]) -> bytes | None:
-    """Calibration gap and reliability bars per predictor; None without non-empty bins."""
+    """Calibration gap and reliability bars per predictor; None without non-empty bins.
+
+    Up to ``_RELIABILITY_OVERLAY_MAX`` predictors share two panels (gap, bars);
+    more get one reliability panel each, which stays readable.
+    """
     if not any(r.get("count", 0) > 0 for p in predictors for r in p.reliability):
         return None
+    if len(predictors) > _RELIABILITY_OVERLAY_MAX:
+        return _reliability_grid(predictors)
     fig = Figure(figsize=(10, 4), layout="constrained")
     gap_ax, rel_ax = fig.subplots(1, 2)
     width = 1.0 / max(len(predictors), 1)
@@ -70,43 +98,103 @@ def reliability_figure(predictors: list[PredictorResult]) -> bytes | None:
     return _png(fig)
 
 
+def _reliability_grid(predictors: list[PredictorResult]) -> bytes:
+    """One classic reliability diagram per predictor: accuracy per bin, the gap to the
+    bin's mean confidence hatched, perfect calibration dashed."""
+    cols = 6
+    rows = math.ceil(len(predictors) / cols)
+    fig = Figure(figsize=(13, 0.6 + 2.1 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()
+    for ax, p in zip(axes, predictors, strict=False):
+        bins = [r for r in p.reliability if r.get("count", 0) > 0]
+        left = [r["lower"] for r in bins]
+        width = [r["upper"] - r["lower"] for r in bins]
+        acc = [r["accuracy"] for r in bins]
+        gap = [r["confidence"] - r["accuracy"] for r in bins]
+        ax.bar(left, acc, width=width, align="edge", color=_COLOURS[0], alpha=0.8)
+        ax.bar(
+            left,
+            gap,
+            bottom=acc,
+            width=width,
+            align="edge",
+            color="none",
+            edgecolor=_COLOURS[3],
+            hatch="///",
+            linewidth=0.5,
+        )
+        ax.plot([0, 1], [0, 1], color="k", linestyle="--", linewidth=1)
+        ece = p.metric("ece")
+        title = p.name + (f" (ECE {ece:.3f})" if math.isfinite(ece) else "")
+        ax.set_title(title, fontsize="medium")
+        ax.set(xlim=(0, 1), ylim=(0, 1))
+    for ax in axes[len(predictors) :]:
+        ax.set_axis_off()
+    fig.supxlabel("confidence (bin)")
+    fig.supylabel("accuracy")
+    handles = [
+        Patch(color=_COLOURS[0], alpha=0.8, label="accuracy in the bin"),
+        Patch(facecolor="none", edgecolor=_COLOURS[3], hatch="///", label="gap to its confidence"),
+        Line2D([], [], color="k", linestyle="--", linewidth=1, label="perfect calibration"),
+    ]
+    fig.legend(handles=handles, loc="outside upper center", ncols=3, fontsize="small")
+    return _png(fig)
+
+
 def samples_figure(predictors: list[PredictorResult]) -> bytes | None:
     """NLL, accuracy and ECE of the model average by sample count; None without rows."""
     if not any(p.by_samples for p in predictors):
         return None
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    many = len(predictors) > 6
+    fig = Figure(figsize=(13 if many else 10, 4.5 if many else 4), layout="constrained")
     panels = [("nll", "NLL", 1.0), ("accuracy", "accuracy (%)", 100.0), ("ece", "ECE", 1.0)]
+    n = len(predictors)
     for ax, (key, label, factor) in zip(fig.subplots(1, 3), panels, strict=True):
         for i, p in enumerate(predictors):
             rows = [r for r in p.by_samples if key in r]
             xs = [r["samples"] for r in rows]
             ys = [factor * r[key] for r in rows]
-            colour = _COLOURS[i % len(_COLOURS)]
+            colour = _colour(i, n)
             if len(rows) == 1:
                 ax.axhline(ys[0], color=colour, linestyle=":", label=p.name)
                 ax.plot(xs, ys, color=colour, marker="s", ms=4)
             elif rows:
-                ax.plot(xs, ys, color=colour, marker="o", ms=3, label=p.name)
+                ax.plot(xs, ys, color=colour, marker=_marker(i), ms=3, label=p.name)
         ax.set(xlabel="samples", ylabel=label, title=f"{label} vs samples")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.axes[0].legend(fontsize="small")
+    if many:
+        _outside_legend(fig, *fig.axes[0].get_legend_handles_labels())
+    else:
+        fig.axes[0].legend(fontsize="small")
     return _png(fig)
 
 
-def training_figure(histories: dict[str, list[dict[str, float]]]) -> bytes | None:
-    """Pretraining first, then each trajectory continuing after its last epoch.
+def training_figure(
+    histories: dict[str, list[dict[str, float]]],
+    trajectories: dict[str, dict[str, Any]] | None = None,
+) -> bytes | None:
+    """Pretraining first, then each trajectory continuing after where it starts.
 
+    ``trajectories`` (the raw ``finetune`` params) places a run that starts
+    from another after that one, and a run from a fresh network (``start:
+    init``, DSWAG) from epoch 1 beside pretraining. One colour per run: solid
+    train, dashed validation. The loss axis is logarithmic when the losses
+    span more than a factor 50 (a VI run's negative ELBO beside cross-entropies).
     None when no run has a single epoch.
     """
     if not any(histories.values()):
         return None
-    fig = Figure(figsize=(10, 4), layout="constrained")
+    trajectories = trajectories or {}
+    others = [name for name in histories if name != "pretrain"]
+    many = len(others) > 4
+    fig = Figure(figsize=(13 if many else 10, 4.5 if many else 4), layout="constrained")
     loss_ax, acc_ax = fig.subplots(1, 2)
     pretrain = histories.get("pretrain", [])
-    offset = len(pretrain)
-    runs = [("pretrain", 0, "0.3")] if "pretrain" in histories else []
-    others = [name for name in histories if name != "pretrain"]
-    runs += [(n, offset, _COLOURS[i % len(_COLOURS)]) for i, n in enumerate(others)]
+    runs = [("pretrain", 0.0, "0.3")] if "pretrain" in histories else []
+    for i, name in enumerate(others):
+        shift = run_offset(name, trajectories, histories)
+        runs.append((name, shift, _colour(i, len(others))))
+    handles, labels = [], []
     for name, shift, colour in runs:
         for ax, metric in ((loss_ax, "loss"), (acc_ax, "accuracy")):
             for split, style in (("train", "-"), ("val", "--")):
@@ -114,25 +202,24 @@ def training_figure(histories: dict[str, list[dict[str, float]]]) -> bytes | Non
                 if rows:
                     xs = [shift + r["epoch"] for r in rows]
                     ys = [r[f"{split}_{metric}"] for r in rows]
-                    ax.plot(xs, ys, style, color=colour, marker=".", label=f"{name} {split}")
+                    ax.plot(xs, ys, style, color=colour, marker=".", ms=3)
+                    if name not in labels:
+                        handles.append(Line2D([], [], color=colour, marker="."))
+                        labels.append(name)
+    losses = [y for line in loss_ax.lines for y in line.get_ydata() if y > 0]
+    if losses and max(losses) / min(losses) > 50:
+        loss_ax.set_yscale("log")
     for ax, label in ((loss_ax, "loss"), (acc_ax, "accuracy")):
         if pretrain and others:
             ax.axvline(max(r["epoch"] for r in pretrain) + 0.5, color="k", ls=":", lw=1)
-        ax.set(xlabel="epoch", ylabel=label, title=f"Training {label}")
+        scale = " (log scale)" if ax.get_yscale() == "log" else ""
+        ax.set(xlabel="epoch", ylabel=label + scale, title=f"Training {label}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if ax.lines:
-            ax.legend(fontsize="small")
+    if labels:
+        handles += [Line2D([], [], color="0.3"), Line2D([], [], color="0.3", linestyle="--")]
+        labels += ["solid: train", "dashed: validation"]
+        _outside_legend(fig, handles, labels)
     return _png(fig)
-
-
-def _trajectories(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Trajectory sections of the raw params that are mappings."""
-    finetune = params.get("finetune", {})
-    return (
-        {k: v for k, v in finetune.items() if isinstance(v, dict)}
-        if isinstance(finetune, dict)
-        else {}
-    )
 
 
 def epoch_offset(
@@ -149,12 +236,28 @@ def epoch_offset(
     return offset
 
 
+def run_offset(
+    name: str, trajectories: dict[str, dict[str, Any]], histories: dict[str, list[dict[str, float]]]
+) -> float:
+    """Epochs before ``name`` starts on the training figure's axis (pretraining from 0).
+
+    A chain of trajectories rooted at pretraining starts after its epochs; one
+    rooted at a fresh network (``start: init``, DSWAG) starts at 0, beside it.
+    """
+    root, seen = trajectories.get(name, {}).get("start", "pretrain"), {name}
+    while root in trajectories and root not in seen:
+        seen.add(root)
+        root = trajectories[root].get("start", "pretrain")
+    before = len(histories.get("pretrain", [])) if root == "pretrain" else 0
+    return before + epoch_offset(name, trajectories, histories)
+
+
 def finetune_curves_figure(inputs: ReportInputs) -> bytes | None:
     """VI-family runs after pretraining: iterate solid, running average dashed.
 
     None when no VI-family history has per-epoch test columns (older runs).
     """
-    trajectories = _trajectories(inputs.params)
+    trajectories = trajectory_params(inputs.params)
     names = [
         n
         for n, t in trajectories.items()
@@ -358,6 +461,212 @@ def plane_figure(planes: dict[str, PlaneData]) -> bytes | None:
     return _png(fig)
 
 
+def _worker_colours(n: int) -> list[Any]:
+    """One colour per worker count, ordered light to dark with W (viridis, no pale yellow)."""
+    cmap = matplotlib.colormaps["viridis"]
+    return [cmap(x) for x in np.linspace(0.85, 0.0, n)] if n > 1 else [cmap(0.3)]
+
+
+def dswag_rounds_figure(sweep: list[SweepPoint]) -> bytes | None:
+    """Fig. 5 left: the global model's train and test accuracy per phase-1 round, per W.
+
+    The target (on train accuracy) is a dashed line; a star marks the round
+    that reached it. None without a sweep history.
+    """
+    if not any(p.history for p in sweep):
+        return None
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    train_ax, test_ax = fig.subplots(1, 2, sharey=True)
+    target = sweep[0].target_accuracy
+    for p, colour in zip(sweep, _worker_colours(len(sweep)), strict=True):
+        rows = p.history
+        label = f"W={p.workers}: " + (
+            f"target at round {p.rounds_to_target}"
+            if p.rounds_to_target is not None
+            else f"not reached in {p.rounds} rounds"
+        )
+        xs = [r["epoch"] for r in rows]
+        for ax, key in ((train_ax, "train_accuracy"), (test_ax, "test_accuracy")):
+            points = [(x, 100 * r[key]) for x, r in zip(xs, rows, strict=True) if key in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), color=colour, marker=".", ms=4, label=label)
+        hit = [r for r in rows if r["epoch"] == p.rounds_to_target and "train_accuracy" in r]
+        if hit:
+            x, y = hit[0]["epoch"], 100 * hit[0]["train_accuracy"]
+            train_ax.plot(x, y, "*", ms=13, color=colour, mec="black", zorder=3)
+    train_ax.axhline(100 * target, color="k", linestyle="--", linewidth=1)
+    test_ax.axhline(100 * target, color="0.5", linestyle=":", linewidth=1)
+    train_ax.set(xlabel="phase-1 round", ylabel="accuracy (%)", title="Train accuracy")
+    test_ax.set(xlabel="phase-1 round", title="Test accuracy")
+    test_ax.tick_params(labelleft=True)
+    for ax in (train_ax, test_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    handles, labels = train_ax.get_legend_handles_labels()
+    handles += [
+        Line2D([], [], marker="*", ms=11, color="0.5", mec="black", linestyle="none"),
+        Line2D([], [], color="k", linestyle="--", linewidth=1),
+        Line2D([], [], color="0.5", linestyle=":", linewidth=1),
+    ]
+    labels += [
+        "round that reached the target",
+        f"target: {100 * target:g}% train accuracy",
+        f"{100 * target:g}% on test (reference only)",
+    ]
+    fig.suptitle("Global (FedAvg) model after each phase-1 round")
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", title="clients")
+    return _png(fig)
+
+
+def dswag_reliability_figure(
+    dswag: PredictorResult | None, baseline: PredictorResult | None
+) -> bytes | None:
+    """Fig. 5 right: accuracy - confidence per confidence bin, DSWAG vs SWAG after
+    distributed training, beside the number of test points per bin (log scale).
+
+    None unless both predictors have a non-empty bin.
+    """
+    pair = [
+        (p, label)
+        for p, label in ((dswag, "DSWAG"), (baseline, "SWAG after distributed training"))
+        if p is not None and any(r.get("count", 0) > 0 for r in p.reliability)
+    ]
+    if len(pair) < 2:
+        return None
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    gap_ax, count_ax = fig.subplots(1, 2, width_ratios=(3, 2))
+    width = 1.0 / len(pair)
+    for i, (p, label) in enumerate(pair):
+        rows = [r for r in p.reliability if r.get("count", 0) > 0]
+        colour = _COLOURS[i % len(_COLOURS)]
+        name = f"{p.name} ({label})"
+        conf = [r["confidence"] for r in rows]
+        gap = [r["accuracy"] - r["confidence"] for r in rows]
+        gap_ax.plot(conf, gap, color=colour, marker="o", ms=4, label=name)
+        bin_width = [r["upper"] - r["lower"] for r in rows]
+        left = [r["lower"] + i * width * w for r, w in zip(rows, bin_width, strict=True)]
+        count_ax.bar(
+            left,
+            [r["count"] for r in rows],
+            width=[width * w for w in bin_width],
+            align="edge",
+            color=colour,
+            alpha=0.8,
+            label=name,
+        )
+    gap_ax.axhline(0.0, color="k", linestyle="--", linewidth=1)
+    gap_ax.set(
+        xlabel="confidence (max of the predictive probabilities)",
+        ylabel="accuracy - confidence",
+        title="Calibration gap per bin (20 bins)",
+    )
+    props = {"transform": gap_ax.transAxes, "fontsize": "small", "color": "0.3", "ha": "left"}
+    gap_ax.text(0.02, 0.97, "above 0: under-confident", va="top", **props)
+    gap_ax.text(0.02, 0.03, "below 0: over-confident", va="bottom", **props)
+    gap_ax.grid(alpha=0.3)
+    count_ax.set_yscale("log")
+    count_ax.set(xlabel="confidence (bin)", ylabel="test points (log scale)", xlim=(0, 1))
+    count_ax.set_title("Points per bin")
+    handles, labels = gap_ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
+    return _png(fig)
+
+
+def _symlog_multiples(ax: Any, ticks: list[float], linthresh: float) -> None:
+    """A symlog x axis: 0 and the linear part first, then decades; ticks at ``ticks``."""
+    ax.set_xscale("symlog", linthresh=linthresh, linscale=0.5)
+    ax.set_xticks(ticks)
+    ax.set_xlim(left=-0.3 * linthresh)  # nothing lies left of 0: no empty negative half
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def dswag_sigma_figure(sweep: list[SweepPoint]) -> bytes | None:
+    """Fig. 6: test accuracy of theta_bar + m sigma z against m (left) and against
+    m ||sigma||, the expected distance from theta_bar (right); mean over draws,
+    min-max band, one curve per W. None without sigma-distance rows.
+    """
+    curves = [(p, c) for p in sweep if (c := sigma_curve(p)) is not None]
+    if not curves:
+        return None
+    fig = Figure(figsize=(12, 4.4), layout="constrained")
+    m_ax, d_ax = fig.subplots(1, 2, sharey=True)
+    multiples = sorted({m for _, c in curves for m in c.multiples})
+    distances = sorted({m * c.sigma_norm for _, c in curves for m in c.multiples} - {0.0})
+    handles = []
+    for (p, c), colour in zip(curves, _worker_colours(len(curves)), strict=True):
+        varied = has_variance(p, c)
+        label = rf"W={p.workers}, $\|\sigma\|$ = {c.sigma_norm:.3g}"
+        if not varied:
+            label = rf"W={p.workers}: $\sigma = 0$ (< 2 snapshots: no variance)"
+        mean = [100 * v for v in c.mean]
+        style = {"color": colour, "marker": "o", "ms": 4, "linestyle": "-" if varied else ":"}
+        (line,) = m_ax.plot(c.multiples, mean, label=label, **style)
+        handles.append(line)
+        low, high = [100 * v for v in c.low], [100 * v for v in c.high]
+        m_ax.fill_between(c.multiples, low, high, color=colour, alpha=0.2)
+        if varied:
+            xs = [m * c.sigma_norm for m in c.multiples]
+            d_ax.plot(xs, mean, **style)
+            d_ax.fill_between(xs, low, high, color=colour, alpha=0.2)
+    positive = [m for m in multiples if m > 0]
+    _symlog_multiples(m_ax, multiples, min(positive, default=1.0))
+    m_ax.set(
+        xlabel=r"multiple $m$ of $\sigma$ (symmetric log scale; $m = 0$ is $\bar\theta$)",
+        ylabel="test accuracy (%)",
+        title=r"Accuracy of $\bar\theta + m\,\sigma \odot z$",
+    )
+    if distances:
+        ticks = [0.0, *(v for v in (0.1, 0.3, 1, 3, 10, 30, 100, 300) if v <= max(distances))]
+        _symlog_multiples(d_ax, ticks, min(distances))
+    d_ax.set(
+        xlabel=r"$m\,\|\sigma\|$, the expected distance from $\bar\theta$ (symmetric log)",
+        title="The same against the distance",
+    )
+    d_ax.tick_params(labelleft=True)
+    for ax in (m_ax, d_ax):
+        ax.grid(alpha=0.3)
+    handles.append(Patch(color="0.5", alpha=0.3, label="min to max over the draws z"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize="small", title="clients")
+    return _png(fig)
+
+
+def dswag_workers_figure(sweep: list[SweepPoint]) -> bytes | None:
+    """Fig. 7: test NLL, accuracy and ECE of FedAvg, DSWA and DSWAG against W.
+
+    None without a sweep point with metrics.
+    """
+    if not any(math.isfinite(p.metric(k, "nll")) for p in sweep for k, _ in SWEEP_PREDICTORS):
+        return None
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    panels = [("nll", "NLL", 1.0), ("accuracy", "accuracy (%)", 100.0), ("ece", "ECE", 1.0)]
+    markers = {"fedavg": "s", "dswa": "o", "dswag": "D"}
+    ws = [p.workers for p in sweep]
+    for ax, (key, label, factor) in zip(fig.subplots(1, 3), panels, strict=True):
+        for i, (name, title) in enumerate(SWEEP_PREDICTORS):
+            points = [
+                (p.workers, factor * v) for p in sweep if math.isfinite(v := p.metric(name, key))
+            ]
+            missing = [p.workers for p in sweep if p.metrics.get(name) is None]
+            text = title + (
+                f" (none at W={', '.join(map(str, missing))}: no variance)" if missing else ""
+            )
+            if points:
+                colour = _COLOURS[i % len(_COLOURS)]
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, color=colour, marker=markers[name], ms=5, label=text)
+        if max(ws) / min(ws) > 3:
+            ax.set_xscale("log")
+        ax.set_xticks(ws)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set(xlabel="W, clients (log scale)", ylabel=label, title=f"Test {label} vs W")
+        ax.grid(alpha=0.3)
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize="small")
+    return _png(fig)
+
+
 @dataclass(frozen=True)
 class FigureSpec:
     """A report figure: its file name, how to draw it and what it shows."""
@@ -371,7 +680,11 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "reliability",
         lambda inputs: reliability_figure(inputs.predictors),
-        "Calibration gap (left) and reliability curves (right); empty bins skipped.",
+        "Calibration of each predictor on the test split, empty bins skipped. Up to four "
+        "predictors share two panels: the gap accuracy - confidence per confidence bin (left) "
+        "and the accuracy per bin as bars (right). More get one panel each: the accuracy per "
+        "confidence bin (bars), the gap to the bin's mean confidence (hatched) and perfect "
+        "calibration (dashed), with the predictor's ECE in the title.",
     ),
     FigureSpec(
         "samples",
@@ -380,7 +693,7 @@ FIGURES: tuple[FigureSpec, ...] = (
     ),
     FigureSpec(
         "training",
-        lambda inputs: training_figure(inputs.histories),
+        lambda inputs: training_figure(inputs.histories, trajectory_params(inputs.params)),
         "Pretraining then fine-tuning; solid train, dashed validation.",
     ),
     FigureSpec(
@@ -414,7 +727,48 @@ FIGURES: tuple[FigureSpec, ...] = (
         "snapshots and the start can lie off the plane (the start's distance is given), "
         "while the contours show the plane only.",
     ),
+    FigureSpec(
+        "dswag_rounds",
+        lambda inputs: dswag_rounds_figure(inputs.dswag_sweep),
+        "DSWAG phase 1 (FedAvg) for each number of clients W (the DSWAG paper's Fig. 5 left): "
+        "accuracy of the global model after each round on the training split (left; phase 1 "
+        "stops once it reaches the target, dashed; a star marks that round) and on the test "
+        "split (right). The table gives the rounds to the target per W.",
+    ),
+    FigureSpec(
+        "dswag_reliability",
+        lambda inputs: dswag_reliability_figure(*_dswag_pair(inputs)),
+        "Reliability of DSWAG and of SWAG after distributed training (the DSWAG paper's Fig. 5 "
+        "right): accuracy - confidence per confidence bin (20 equal-width bins, empty bins "
+        "skipped; left) and the test points per bin (right), since bins with few points are "
+        "noisy. Above 0 the predictor is under-confident (right more often than it claims), "
+        "below 0 over-confident; the paper's text states this sign the other way round, "
+        "which is backwards.",
+    ),
+    FigureSpec(
+        "dswag_sigma_distance",
+        lambda inputs: dswag_sigma_figure(inputs.dswag_sweep),
+        "Test accuracy of the single network theta_bar + m * sigma * z (theta_bar: the DSWAG "
+        "mean, sigma: the square root of its diagonal variance, z ~ N(0, I) seeded, the same z "
+        "for every m and W) for each number of clients W (the DSWAG paper's Fig. 6). Line: "
+        "the mean over the draws z; band: their min to max. Left against the multiple m, right "
+        "against m ||sigma||, the expected distance from theta_bar, since sigma differs by W. "
+        "A W with fewer than 2 snapshots has sigma = 0 (dotted, left only): every m is theta_bar.",
+    ),
+    FigureSpec(
+        "dswag_workers",
+        lambda inputs: dswag_workers_figure(inputs.dswag_sweep),
+        "Test NLL, accuracy and ECE of the FedAvg model, DSWA and DSWAG against the number of "
+        "clients W (the DSWAG paper's Fig. 7). Each W is a separate run whose phase 1 stopped at "
+        "the target or the round cap (see the rounds figure), so W also changes how long phase "
+        "1 ran.",
+    ),
 )
+
+
+def _dswag_pair(inputs: ReportInputs) -> tuple[PredictorResult | None, PredictorResult | None]:
+    roles = dswag_roles(inputs)
+    return (roles.dswag, roles.baseline) if roles is not None else (None, None)
 
 
 def draw_figures(inputs: ReportInputs) -> dict[str, bytes]:

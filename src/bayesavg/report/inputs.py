@@ -65,12 +65,41 @@ class PlaneData:
 
 
 @dataclass(frozen=True)
+class SweepPoint:
+    """One run of the DSWAG worker sweep (stage ``dswag_sweep@<W>``, see ``bayesavg.sweep``).
+
+    ``metrics`` maps fedavg, dswa and dswag to their test accuracy, nll, ece
+    and brier; an entry is None where it could not be evaluated (DSWAG with
+    fewer than 2 snapshots has no variance). ``history``: one row per phase-1
+    round (epoch = round, train_accuracy, test_accuracy, ...).
+    ``sigma_distance``: rows of multiple, draw, accuracy, nll, sigma_norm.
+    """
+
+    workers: int
+    rounds: int
+    rounds_to_target: int | None
+    target_accuracy: float
+    snapshots: int
+    metrics: dict[str, dict[str, float] | None]
+    history: list[dict[str, float]]
+    sigma_distance: list[dict[str, float]]
+
+    def metric(self, predictor: str, key: str) -> float:
+        """The metric as a float; NaN when the predictor or the key is missing."""
+        values = self.metrics.get(predictor)
+        value = values.get(key) if isinstance(values, dict) else None
+        return float(value) if isinstance(value, Real) else math.nan
+
+
+@dataclass(frozen=True)
 class ReportInputs:
     """All report content; ``predictors`` are listed in table order.
 
     ``histories`` may carry per-epoch test columns (test_loss, test_accuracy
     and, for averaging runs, avg_test_loss, avg_test_accuracy); ``planes``
-    maps a trajectory to its loss plane. Figures without data are left out.
+    maps a trajectory to its loss plane; ``dswag_sweep`` holds the DSWAG
+    worker sweep, one point per number of workers W (in increasing W).
+    Figures without data are left out.
     """
 
     title: str
@@ -83,3 +112,14 @@ class ReportInputs:
     dataset_summary: dict[str, Any] = field(default_factory=dict)
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (reference, candidate)
     planes: dict[str, PlaneData] = field(default_factory=dict)
+    dswag_sweep: list[SweepPoint] = field(default_factory=list)
+
+
+def trajectory_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Trajectory sections of the raw params (``finetune.<name>``) that are mappings."""
+    finetune = params.get("finetune", {})
+    return (
+        {k: v for k, v in finetune.items() if isinstance(v, dict)}
+        if isinstance(finetune, dict)
+        else {}
+    )

@@ -1,0 +1,348 @@
+"""The report's Distributed SWAG part: roles by trajectory, figures, and claims as found.
+
+Synthetic sweep in which most of the paper's claims fail, so the text must say
+"does not hold" and "not reached" where the numbers say so, and a W=1 run with
+one snapshot (no variance) must never turn into NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import pytest
+from test_report import PNG_MAGIC, _HtmlContent, _inputs, _markdown_content, _predictor
+
+from bayesavg.report import ReportInputs, SweepPoint, write_report
+from bayesavg.report.distributed import (
+    SIGN_NOTE,
+    accuracy_interval,
+    claims,
+    dswag_roles,
+    flat_range,
+    sigma_curve,
+)
+from bayesavg.report.figures import (
+    dswag_reliability_figure,
+    dswag_rounds_figure,
+    dswag_sigma_figure,
+    dswag_workers_figure,
+    reliability_figure,
+    run_offset,
+)
+
+DSWAG_FIGURES = ("dswag_rounds", "dswag_reliability", "dswag_sigma_distance", "dswag_workers")
+MULTIPLES = (0.0, 1.0, 10.0, 100.0)
+# Trajectories with names that are no predictor's: the roles come from kind, start, method.
+FINETUNE = {
+    "fed": {"kind": "dswag", "start": "init", "clients": 4},
+    "after": {"start": "fed", "epochs": 2},  # SWAG after distributed training
+    "plain": {"start": "pretrain", "epochs": 2},  # a swag run that is not the baseline
+}
+
+
+def _metrics(accuracy: float, nll: float, ece: float) -> dict[str, float]:
+    return {"accuracy": accuracy, "nll": nll, "ece": ece, "ece15": ece, "brier": 2 * nll / 10}
+
+
+def _history(rounds: int, workers: int) -> list[dict[str, float]]:
+    return [
+        {
+            "epoch": r,
+            "lr": 0.05,
+            "clients": workers,
+            "train_loss": 1.0 / r,
+            "train_accuracy": min(0.99, 0.5 + 0.1 * r * 4 / workers),
+            "test_loss": 1.1 / r,
+            "test_accuracy": min(0.98, 0.48 + 0.1 * r * 4 / workers),
+        }
+        for r in range(1, rounds + 1)
+    ]
+
+
+def _sigma(acc0: float, drops: dict[float, float], norm: float) -> list[dict[str, float]]:
+    """Two draws per multiple; ``drops``: mean accuracy lost at each multiple."""
+    return [
+        {
+            "multiple": m,
+            "draw": d,
+            "accuracy": acc0 - drops.get(m, 0.0) + (0.002 if d else -0.002) * (m > 0),
+            "nll": 0.2 + m,
+            "sigma_norm": norm,
+        }
+        for m in MULTIPLES
+        for d in range(2)
+    ]
+
+
+def _point(
+    workers: int,
+    rounds: int,
+    reached: int | None,
+    snapshots: int,
+    metrics: dict[str, dict[str, float] | None],
+    sigma: list[dict[str, float]],
+) -> SweepPoint:
+    return SweepPoint(
+        workers=workers,
+        rounds=rounds,
+        rounds_to_target=reached,
+        target_accuracy=0.9,
+        snapshots=snapshots,
+        metrics=metrics,
+        history=_history(rounds, workers),
+        sigma_distance=sigma,
+    )
+
+
+def _sweep() -> list[SweepPoint]:
+    """Fewer rounds with more workers; NLL falls with W; W=1 has one snapshot."""
+    one = {"fedavg": _metrics(0.90, 0.40, 0.04), "dswa": _metrics(0.90, 0.40, 0.04), "dswag": None}
+    flat_zero = [
+        {"multiple": m, "draw": d, "accuracy": 0.9, "nll": 0.4, "sigma_norm": 0.0}
+        for m in MULTIPLES
+        for d in range(2)
+    ]
+    return [
+        _point(1, 6, None, 1, one, flat_zero),
+        _point(
+            4,
+            6,
+            3,
+            8,
+            {
+                "fedavg": _metrics(0.92, 0.30, 0.03),
+                "dswa": _metrics(0.93, 0.28, 0.03),
+                "dswag": _metrics(0.93, 0.27, 0.02),
+            },
+            _sigma(0.93, {10.0: 0.05, 100.0: 0.8}, 0.5),
+        ),
+        _point(
+            8,
+            6,
+            2,
+            16,
+            {
+                "fedavg": _metrics(0.94, 0.25, 0.03),
+                "dswa": _metrics(0.95, 0.24, 0.02),
+                "dswag": _metrics(0.96, 0.20, 0.01),
+            },
+            _sigma(0.96, {10.0: 0.005, 100.0: 0.008}, 0.2),
+        ),
+    ]
+
+
+def _dswag_inputs() -> ReportInputs:
+    """A dswag trajectory's predictors under odd names, its baseline, and the sweep.
+
+    On the default trajectory DSWAG is worse than its FedAvg model on NLL and
+    accuracy, and better calibrated than the baseline (ECE 0.010 vs 0.030).
+    """
+    base = _inputs()
+    predictors = [
+        _predictor("fa", 0.0, _metrics(0.950, 0.15, 0.02), 1, "map", "fed"),
+        _predictor("dsw", 0.0, _metrics(0.948, 0.16, 0.02), 1, "swa", "fed"),
+        _predictor("dsg", 0.5, _metrics(0.945, 0.17, 0.01), 3, "swag", "fed"),
+        _predictor("other", 0.5, _metrics(0.960, 0.12, 0.05), 3, "swag", "plain"),
+        _predictor("base", 0.5, _metrics(0.960, 0.12, 0.03), 3, "swag", "after"),
+    ]
+    params = {
+        "finetune": FINETUNE,
+        "evaluate": {"dswag_sweep": {"trajectory": "fed", "rounds": 6, "workers": [1, 4, 8]}},
+    }
+    return dataclasses.replace(
+        base, predictors=predictors, params=params, baseline="fa", dswag_sweep=_sweep()
+    )
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_report(_dswag_inputs(), tmp_path_factory.mktemp("dswag") / "out")
+
+
+def _claim(lines: list[str], tag: str) -> str:
+    (line,) = [line for line in lines if line.startswith(f"({tag}) ")]
+    return line
+
+
+def test_roles_come_from_kind_start_and_method() -> None:
+    roles = dswag_roles(_dswag_inputs())
+    assert roles is not None and roles.trajectory == "fed"
+    assert [p.name if p else None for p in roles[1:]] == ["fa", "dsw", "dsg", "base"]
+    # Without a trajectory that starts from fed there is no baseline; without kind dswag, no roles.
+    finetune = {k: v for k, v in FINETUNE.items() if k != "after"}
+    no_base = dataclasses.replace(_dswag_inputs(), params={"finetune": finetune})
+    assert dswag_roles(no_base).baseline is None  # type: ignore[union-attr]
+    plain = {k: {**v, "kind": "sgd"} for k, v in FINETUNE.items()}
+    assert dswag_roles(dataclasses.replace(_dswag_inputs(), params={"finetune": plain})) is None
+
+
+def test_dswag_figures_appear_with_their_numbers(written: dict[str, Path]) -> None:
+    md = written["md"].read_text(encoding="utf-8")
+    for name in DSWAG_FIGURES:
+        assert written[name].read_bytes().startswith(PNG_MAGIC)
+        assert f"## Figure: {name}" in md and f"![{name}](figures/{name}.png)" in md
+    rounds = md.split("## Figure: dswag_rounds")[1].split("## Figure:")[0]
+    assert "| 1 | 6 | not reached in 6 rounds | " in rounds
+    assert "| 4 | 6 | 3 | " in rounds and "| 1 (no variance) |" in rounds
+    workers = md.split("## Figure: dswag_workers")[1].split("## Tuning")[0]
+    no_variance = "n/a (fewer than 2 snapshots, so no variance)"
+    assert f"| 1 | DSWAG | {no_variance} | n/a | n/a | n/a |" in workers
+    assert "| 8 | DSWAG | **96.00** | **0.2000** | **0.0100** | **0.0400** |" in workers
+    sigma = md.split("## Figure: dswag_sigma_distance")[1].split("## Figure:")[0]
+    assert "| 1 | 1 | 0 | 90.00 | every m (sigma = 0: fewer than 2 snapshots" in sigma
+    assert "| 4 | 8 | 0.5 | 93.00 | 1 | 13.00 (12.80 to 13.20) |" in sigma
+    caption = md.split("## Figure: dswag_reliability")[1].split("## Figure:")[0]
+    assert "under-confident" in caption and "backwards" in caption
+
+
+def test_html_and_markdown_carry_the_same_dswag_content(written: dict[str, Path]) -> None:
+    page = _HtmlContent()
+    page.feed(written["html"].read_text(encoding="utf-8"))
+    md = _markdown_content(written["md"].read_text(encoding="utf-8"))
+    assert page.headings == md.headings
+    assert "Distributed SWAG" in md.headings and "The paper's claims on this data" in md.headings
+    assert page.rows == md.rows and page.bullets == md.bullets and page.captions == md.captions
+    for line in claims(_dswag_inputs()):
+        assert line in md.bullets
+    assert SIGN_NOTE in written["md"].read_text(encoding="utf-8")
+
+
+def test_no_nan_or_inf_anywhere(written: dict[str, Path]) -> None:
+    for key in ("md", "html"):
+        text = written[key].read_text(encoding="utf-8")
+        text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)
+        assert not re.search(r"\b(nan|inf|infinity)\b", text, re.I), key
+    assert "fewer than 2 snapshots, so no variance" in written["md"].read_text(encoding="utf-8")
+
+
+def test_claims_say_where_they_do_not_hold() -> None:
+    lines = claims(_dswag_inputs())
+    tags = [re.match(r"\((\w'*)\) |Left out of \(d\)", line)[0] for line in lines]
+    expected = ["(a) ", "(a') ", "(b) ", "(c) ", "(d) ", "(d') ", "(d'') ", "Left out of (d)"]
+    assert tags == [*expected, "(e) "]
+    a = _claim(lines, "a")
+    assert ": does not hold: " in a
+    assert "W=8 (2 rounds) is not more than W=4 (3 rounds)" in a
+    assert "W=1 not reached in 6 rounds" in a
+    # The W=1 run never reached the target, W=4 did: not an increase.
+    assert "W=4 (3 rounds) is not more than W=1 (not reached)" in a
+    assert ": does not hold: " in _claim(lines, "a'")  # accuracy rises with W here
+    b = _claim(lines, "b")
+    assert "does not hold on trajectory fed (dsg vs fa)" in b
+    assert "NLL 0.1700 vs 0.1500 (+0.0200, no interval)" in b
+    assert "includes 0, not shown to differ" in b
+    assert "lower than FedAvg's at 2 of 2 worker counts" in b
+    assert "no DSWAG at W=1 (1 snapshot): fewer than 2 snapshots, so no variance" in b
+    c = _claim(lines, "c")
+    assert "better calibration holds (dsg ECE 0.0100 vs base 0.0300, -0.0200)" in c
+    assert "NLL not lower (0.1700 vs 0.1200, +0.0500)" in c
+    assert "other" not in c  # a swag run from pretrain is not SWAG after distributed training
+    d = _claim(lines, "d")
+    assert "holds at W=4 only" in d
+    assert "W=8 within 1 pp of 96.00% up to m = 100" in d
+    assert "does not hold at any W" not in _claim(lines, "d'") and "W=8" in _claim(lines, "d'")
+    d2 = _claim(lines, "d''")
+    assert "W=1" not in d2  # no variance: left out, and said so
+    assert any(line.startswith("Left out of (d): W=1 (1 snapshot)") for line in lines)
+    e = _claim(lines, "e")
+    assert "DSWAG: does not hold: W=8 (0.2000) is not higher than W=4 (0.2700)" in e
+    assert "FedAvg: does not hold" in e and "DSWAG has no value at W=1" in e
+
+
+def test_accuracy_interval_is_the_unpaired_binomial_one() -> None:
+    lo, hi = accuracy_interval(0.96, 0.95, 1000)
+    se = math.sqrt((0.96 * 0.04 + 0.95 * 0.05) / 1000)
+    assert lo == pytest.approx(0.01 - 1.959964 * se) and hi == pytest.approx(0.01 + 1.959964 * se)
+    assert lo < 0 < hi
+    assert accuracy_interval(0.99, 0.90, 1000)[0] > 0
+
+
+def test_flat_range_counts_from_m_zero() -> None:
+    w4, w8 = (sigma_curve(p) for p in _sweep()[1:])
+    assert w4 is not None and w8 is not None
+    assert flat_range(w4) == 1.0 and flat_range(w8) == 100.0
+    assert w4.mean == pytest.approx([0.93, 0.93, 0.88, 0.13])
+    assert w4.low[-1] == pytest.approx(0.128) and w4.high[-1] == pytest.approx(0.132)
+
+
+def test_report_without_sweep_or_dswag_leaves_the_part_out(tmp_path: Path) -> None:
+    full = _dswag_inputs()
+    plain = dataclasses.replace(full, params={"finetune": {}}, dswag_sweep=[])
+    paths = write_report(plain, tmp_path / "none")
+    md = paths["md"].read_text(encoding="utf-8")
+    assert "Distributed SWAG" not in md and not any(n in paths for n in DSWAG_FIGURES)
+    # The dswag trajectory without a sweep: the reliability figure and (b), (c) only.
+    no_sweep = dataclasses.replace(full, dswag_sweep=[])
+    paths = write_report(no_sweep, tmp_path / "trajectory")
+    assert [n for n in DSWAG_FIGURES if n in paths] == ["dswag_reliability"]
+    assert [line[:3] for line in claims(no_sweep)] == ["(b)", "(c)"]
+    # A sweep without dswag predictors: the sweep figures, no reliability comparison.
+    no_roles = dataclasses.replace(full, params={"finetune": {}})
+    paths = write_report(no_roles, tmp_path / "sweep")
+    drawn = [n for n in DSWAG_FIGURES if n in paths]
+    assert drawn == [n for n in DSWAG_FIGURES if n != "dswag_reliability"]
+    assert not any(line.startswith("(c)") for line in claims(no_roles))
+    md = paths["md"].read_text(encoding="utf-8")
+    assert "## Distributed SWAG" in md
+
+
+def test_figures_are_none_without_data() -> None:
+    assert dswag_rounds_figure([]) is None
+    assert dswag_sigma_figure([]) is None
+    assert dswag_workers_figure([]) is None
+    roles = dswag_roles(_dswag_inputs())
+    assert roles is not None
+    assert dswag_reliability_figure(roles.dswag, None) is None
+    empty = dataclasses.replace(roles.dswag, reliability=[])  # type: ignore[arg-type]
+    assert dswag_reliability_figure(empty, roles.baseline) is None
+    only_one = [dataclasses.replace(_sweep()[0], history=[], sigma_distance=[])]
+    assert dswag_rounds_figure(only_one) is None and dswag_sigma_figure(only_one) is None
+
+
+def test_dswag_report_is_byte_identical(written: dict[str, Path]) -> None:
+    before = {name: path.read_bytes() for name, path in written.items()}
+    again = write_report(_dswag_inputs(), written["md"].parent)
+    assert again == written
+    for name, data in before.items():
+        assert again[name].read_bytes() == data
+
+
+def test_training_figure_places_runs_by_their_start() -> None:
+    """A fresh-network run (DSWAG, start: init) starts beside pretraining, not after it;
+    a run from it continues after its last round."""
+    histories = {
+        "pretrain": [{"epoch": e} for e in range(1, 6)],
+        "fed": [{"epoch": e} for e in range(1, 4)],
+        "after": [{"epoch": e} for e in range(1, 3)],
+        "plain": [{"epoch": e} for e in range(1, 3)],
+    }
+    assert run_offset("fed", FINETUNE, histories) == 0
+    assert run_offset("after", FINETUNE, histories) == 3
+    assert run_offset("plain", FINETUNE, histories) == 5
+    assert run_offset("unknown", FINETUNE, histories) == 5  # no params: after pretraining
+
+
+def test_many_predictors_get_one_reliability_panel_each() -> None:
+    predictors = _dswag_inputs().predictors
+    assert len(predictors) == 5
+    grid, overlay = reliability_figure(predictors), reliability_figure(predictors[:4])
+    assert grid is not None and overlay is not None and grid != overlay
+    assert grid.startswith(PNG_MAGIC)
+
+
+def test_targets_not_reached_are_not_ordered() -> None:
+    """Two neighbouring runs that both missed the target say nothing about the order."""
+    sweep = _sweep()
+    late = [
+        dataclasses.replace(sweep[1], rounds_to_target=5),
+        dataclasses.replace(sweep[2], workers=16, rounds_to_target=None),
+        dataclasses.replace(sweep[2], workers=32, rounds_to_target=None),
+    ]
+    a = _claim(claims(dataclasses.replace(_dswag_inputs(), dswag_sweep=late)), "a")
+    assert "holds at every step that can be ordered (W=16 and W=32 both not reached)" in a
+    never = [dataclasses.replace(p, rounds_to_target=None) for p in late]
+    a = _claim(claims(dataclasses.replace(_dswag_inputs(), dswag_sweep=never)), "a")
+    assert "cannot be checked" in a

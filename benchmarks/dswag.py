@@ -1,11 +1,11 @@
 """Distributed SWAG on torch.distributed: speed-up of 2 processes over 1, and memory per rank.
 
-(a) The default ``dswag`` trajectory (shortened: ``--rounds`` rounds, 2
-    exploring epochs) on mnist5k with LeNet-5, run on 1 and on 2 processes
-    (one intra-op thread each, ``BAYESAVG_THREADS=1``) through the same
-    launcher the pipeline uses (torchrun via ``bayesavg.launch``). The time
-    is that of ``run_dswag`` on rank 0 (joining, training, gathering); the
-    whole process (torch import and rendezvous included) is reported too.
+(a) The default ``dswag`` trajectory (params.yaml) on mnist5k with LeNet-5,
+    run on 1 and on 2 processes (one intra-op thread each,
+    ``BAYESAVG_THREADS=1``) through the same launcher the pipeline uses
+    (torchrun via ``bayesavg.launch``). The time is that of ``run_dswag`` on
+    rank 0 once every rank has joined (training, gathering, evaluating); the
+    whole process (torch imports, data, rendezvous) is reported too.
     Runs alternate 1, 2, 2, 1, ... so load drift hits both alike; the
     posterior's sha256 must be the same for both counts. Beside them, the
     machine's own ceiling: a fixed single-thread workload in one process
@@ -16,7 +16,7 @@
     bytes). Memory O(W d) would add ~900 model sizes per copy kept; the
     design keeps O(d (K + clients in flight)), so ~0.
 
-Run ``python benchmarks/dswag.py [--repeats 3] [--rounds 5]``; results go to
+Run ``python benchmarks/dswag.py [--repeats 3]``; results go to
 ``benchmarks/dswag.json``. Nothing is asserted; targets are printed.
 """
 
@@ -48,6 +48,7 @@ def job(args: argparse.Namespace) -> None:
     from bayesavg import launch
     from bayesavg.config import load_params
     from bayesavg.data import prepare
+    from bayesavg.distributed import join
     from bayesavg.dswag import run_dswag
     from bayesavg.io import write_text
     from bayesavg.models import build_model
@@ -57,12 +58,12 @@ def job(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(launch.threads())  # the data's statistics too: same on every count
     p = load_params(ROOT / "params.yaml")
-    base = p.finetune["dswag"]
-    phase1 = base.phase1.model_copy(update={"rounds": args.rounds})
-    phase2 = base.phase2.model_copy(update={"epochs": 2, "snapshots_per_client": 1})
-    traj = base.model_copy(update={"clients": args.clients, "phase1": phase1, "phase2": phase2})
+    traj = p.finetune["dswag"]
     if args.clients > 100:  # the memory run: many clients, one step each, one round
-        traj = traj.model_copy(update={"batch_size": 8})
+        phase1 = traj.phase1.model_copy(update={"rounds": 1})
+        phase2 = traj.phase2.model_copy(update={"epochs": 1, "snapshots_per_client": 1})
+        update = {"clients": args.clients, "phase1": phase1, "phase2": phase2, "batch_size": 8}
+        traj = traj.model_copy(update=update)
     with tempfile.TemporaryDirectory() as tmp:
         d = p.data
         prepared = prepare(d.dataset, d.raw_dir, tmp, p.seed, d.test_fraction, d.val_fraction)
@@ -72,6 +73,7 @@ def job(args: argparse.Namespace) -> None:
     kwargs = p.model.kwargs()
     net = build_model(p.model.name, prepared.input_shape, prepared.num_classes, kwargs)
     fields = posterior_fields(p, prepared, "dswag", kwargs)
+    join(device)  # the rendezvous (waiting for the other ranks' start-up) is not timed
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     out = run_dswag(p.seed, "dswag", traj, net, splits, prepared.train.y, fields)
@@ -116,12 +118,12 @@ def ceiling(pool1: Any, pool2: Any) -> float:
     return 2 * alone / together
 
 
-def launch_job(nproc: int, clients: int, rounds: int, tmp: Path) -> dict[str, Any]:
+def launch_job(nproc: int, clients: int | None, tmp: Path) -> dict[str, Any]:
     """Run ``job`` on ``nproc`` processes; return rank records and the whole wall time."""
     result = tmp / f"n{nproc}-c{clients}-{time.monotonic_ns()}"
     env = {**os.environ, "BAYESAVG_NPROC": str(nproc), "BAYESAVG_THREADS": "1"}
     cmd = [sys.executable, __file__, "--job", "--result", str(result)]
-    cmd += ["--clients", str(clients), "--rounds", str(rounds)]
+    cmd += ["--clients", str(clients)] if clients else []
     started = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, cwd=ROOT)
     wall = time.perf_counter() - started
@@ -132,8 +134,7 @@ def launch_job(nproc: int, clients: int, rounds: int, tmp: Path) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--clients", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--memory-clients", type=int, default=1000)
     parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -162,10 +163,10 @@ def main() -> None:
             ceilings.append(ceiling(pool1, pool2))
             print(f"  independent work, 2 processes vs 1: {ceilings[-1]:.2f}x", flush=True)
             for n in (1, 2) if i % 2 == 0 else (2, 1):
-                runs[n].append(launch_job(n, args.clients, args.rounds, tmp))
+                runs[n].append(launch_job(n, None, tmp))
                 print(f"  {n} process(es): {runs[n][-1]['ranks'][0]['seconds']:.1f} s", flush=True)
-        few = launch_job(2, args.memory_clients // 10, 1, tmp)
-        memory = launch_job(2, args.memory_clients, 1, tmp)
+        few = launch_job(2, args.memory_clients // 10, tmp)
+        memory = launch_job(2, args.memory_clients, tmp)
     compute = {n: [r["ranks"][0]["seconds"] for r in rs] for n, rs in runs.items()}
     wall = {n: [r["wall"] for r in rs] for n, rs in runs.items()}
     hashes = {r["ranks"][0]["sha256"] for rs in runs.values() for r in rs}
@@ -190,8 +191,6 @@ def main() -> None:
         for r, f in zip(memory["ranks"], few["ranks"], strict=True)
     ]
     results = {
-        "clients": args.clients,
-        "rounds": args.rounds,
         "repeats": args.repeats,
         "speedup_compute": statistics.median(compute[1]) / statistics.median(compute[2]),
         "machine_ceiling": statistics.median(ceilings),
@@ -210,7 +209,7 @@ def main() -> None:
     }
     OUT.write_text(json.dumps(results, indent=2) + "\n")
     print(
-        f"DSWAG, {args.clients} clients: 2 processes vs 1 (one thread each): "
+        f"DSWAG (the default trajectory): 2 processes vs 1 (one thread each): "
         f"{results['speedup_compute']:.2f}x in run_dswag, {results['speedup_wall']:.2f}x whole "
         f"process (target >= 1.6x); posteriors identical: {results['identical_posteriors']}"
     )

@@ -344,6 +344,7 @@ def _offline(*args: Any, **kwargs: Any) -> Any:
         ("too_many_classes", "classes"),
         ("offline_download", "by hand"),
         ("negative_scale", "--scale"),
+        ("unknown_shift", "--shift: unknown shift 'fog'"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(
@@ -379,6 +380,8 @@ def test_user_errors_exit_2_with_one_line(
         extra = ["--raw-dir", str(tmp_path / "raw")]
     elif case == "negative_scale":
         predictor, extra = "swag", ["--scale", "-1"]
+    elif case == "unknown_shift":
+        extra = ["--shift", "fog"]
     line = _run_user_error(_evaluate_args(posterior, predictor, data, out, *extra), capsys)
     assert expected in line
     assert not out.exists()
@@ -531,3 +534,55 @@ def test_non_finite_predictions_stop_with_the_predictor_named(
     line = _run_user_error(_evaluate_args(path, "map", "mnist5k", out), capsys)
     assert "predictor map: the predictive probabilities are not finite" in line
     assert not out.exists()
+
+
+def test_shift_and_ood_in_one_pass_match_separate_evaluations(
+    tiny_posteriors: TinyPosteriors, mnist5k_prepared: PreparedDir, tmp_path: Path
+) -> None:
+    """--shift and --ood add forwards to the same samples: a shifted set's metrics equal an
+    evaluation of the shifted images on their own, and the OOD scores of the averaged
+    prediction equal those computed from two separate evaluations' BMAs."""
+    from bayesavg.evaluate import evaluate
+    from bayesavg.ood import detection_metrics, ood_scores_from_log
+    from bayesavg.ood_data import load_ood
+    from bayesavg.seeding import derive_seed
+    from bayesavg.shift import parse
+
+    out = tmp_path / "m.json"
+    args = _evaluate_args(tiny_posteriors.swag, "swag", "mnist5k", out, "--samples", "4")
+    got = _run_ok(
+        [*args, "--shift", "rotate_30", "--shift", "stripe", "--ood", "animal_mnist"], out
+    )
+    assert set(got["shift"]) == {"rotate_30", "stripe"}
+    assert set(got["shift"]["stripe"]) == {"accuracy", "nll", "ece", "brier", "entropy"}
+    assert set(got["ood"]["animal_mnist"]) == {"msp", "entropy", "mutual_info"}
+    plain = _run_ok(args, out)
+    assert {k: got[k] for k in plain if k != "entropy"} == {
+        k: v for k, v in plain.items() if k != "entropy"
+    }, "the clean test metrics do not change when shifts and OOD sets ride along"
+
+    post = load_posterior(tiny_posteriors.swag)
+    test = mnist5k_prepared.prepared.test
+    x = post.model_input(test.x, "cpu")
+    kw = {"n_samples": 4, "seed": 0, "device": "cpu"}
+    shifted = parse("rotate_30").apply(test.x, derive_seed(0, "shift"))
+    alone = evaluate(post, "swag", {"test": (post.model_input(shifted, "cpu"), test.y)}, **kw)
+    for key, value in got["shift"]["rotate_30"].items():
+        assert value == pytest.approx(alone["test"].metrics[key], rel=1e-9, abs=1e-12), key
+    animals = post.model_input(load_ood("animal_mnist").x, "cpu")
+    fake = torch.zeros(animals.shape[0], dtype=torch.long)
+    both = evaluate(post, "swag", {"test": (x, test.y), "animals": (animals, fake)}, **kw)
+    h_in = ood_scores_from_log(both["test"].log_probs[None])["entropy"]
+    h_out = ood_scores_from_log(both["animals"].log_probs[None])["entropy"]
+    expected = detection_metrics(h_in, h_out)
+    for metric, value in got["ood"]["animal_mnist"]["entropy"].items():
+        assert value == pytest.approx(float(expected[metric]), abs=1e-9), metric
+
+
+def test_mutual_information_of_a_single_network_detects_nothing(
+    tiny_posteriors: TinyPosteriors, tmp_path: Path
+) -> None:
+    out = tmp_path / "m.json"
+    args = _evaluate_args(tiny_posteriors.plain, "map", "mnist5k", out, "--ood", "animal_mnist")
+    mi = _run_ok(args, out)["ood"]["animal_mnist"]["mutual_info"]
+    assert mi["auroc"] == 0.5, "every score is 0: no ranking"

@@ -143,7 +143,7 @@ def test_ece_matches_python_loop(seed: int, n_bins: int) -> None:
 def test_classification_metrics_keys_and_values() -> None:
     log_probs, y = _random_case(7)
     out = classification_metrics(log_probs, y)
-    assert set(out) == {"accuracy", "nll", "ece", "ece15", "brier"}
+    assert set(out) == {"accuracy", "nll", "ece", "ece15", "brier", "entropy"}
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in out.values())
     assert out["ece"].item() == pytest.approx(_brute_ece(log_probs, y, 20), abs=1e-9)
     assert out["ece15"].item() == pytest.approx(_brute_ece(log_probs, y, 15), abs=1e-9)
@@ -159,6 +159,10 @@ def test_classification_metrics_keys_and_values() -> None:
     expected_brier = ((probs - onehot) ** 2).sum(1).mean().item()
     assert out["brier"].item() == pytest.approx(expected_brier, abs=1e-7)
     assert classification_metrics(log_probs, y, ece_bins=15)["ece"] == out["ece15"]
+    expected_entropy = -(probs * probs.log()).sum(1).mean().item()
+    assert out["entropy"].item() == pytest.approx(expected_entropy, rel=1e-9)
+    certain = torch.log(torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64))
+    assert classification_metrics(certain, torch.tensor([0]))["entropy"].item() == 0.0
 
 
 def test_nll_stays_finite_when_probabilities_underflow_float32() -> None:

@@ -276,3 +276,14 @@ if torch.cuda.is_available():  # defined where a GPU is, so nothing is skipped e
         assert cuda.device.type == "cuda" and cuda.dtype == torch.uint8
         # Noise is drawn on the CPU; interpolation may round differently by one level.
         assert (cuda.cpu().int() - cpu.int()).abs().max() <= 1
+
+
+def test_parse_is_the_inverse_of_name() -> None:
+    from bayesavg.shift import parse
+
+    for shift in [*shifts(), *shifts((), severity=2)]:
+        assert parse(shift.name) == shift
+    assert parse("rotate_22.5") == Shift("rotate", 22.5)
+    for bad in ("fog", "rotate_x", "stripe_9"):
+        with pytest.raises(ValueError):
+            parse(bad)

@@ -64,6 +64,23 @@ def _parser() -> argparse.ArgumentParser:
         "drawn as the pipeline draws it (evaluate.bn_update_fraction)",
     )
     ev.add_argument("--raw-dir", type=Path, default=Path("data/raw"), help="dataset downloads")
+    ev.add_argument(
+        "--shift",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also evaluate on the test split shifted: rotate_<degrees> or a corruption "
+        "(shot_noise, impulse_noise, translate, shear, scale, brightness, stripe; _<level 1-5> "
+        "for another severity); repeatable; results under shift.<NAME>",
+    )
+    ev.add_argument(
+        "--ood",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="score out-of-distribution inputs against the test split: animal_mnist, a dataset "
+        "name (its test split) or imagefolder:<DIR>; repeatable; results under ood.<SPEC>",
+    )
     return parser
 
 
@@ -71,8 +88,10 @@ def _evaluate(args: argparse.Namespace) -> None:
     from .data import load_eval_split
     from .evaluate import bn_subset, evaluate
     from .io import write_csv, write_json
+    from .ood_data import OOD_SETS, load_ood
     from .posterior_file import load_posterior
-    from .seeding import resolve_device
+    from .seeding import derive_seed, resolve_device
+    from .shift import parse as shift_by_name
 
     if args.predictor not in REGISTRY:
         raise UserError(
@@ -108,18 +127,49 @@ def _evaluate(args: argparse.Namespace) -> None:
             d["dataset"],
         )
         bn_x = posterior.model_input(part.x, device)
-    result = evaluate(
+    splits = {"test": (posterior.model_input(test.x, device), test.y)}
+    for name in dict.fromkeys(args.shift):
+        try:
+            shifted = shift_by_name(name).apply(test.x, derive_seed(d["seed"], "shift"))
+        except ValueError as err:
+            raise UserError(f"--shift: {err}") from None
+        splits[f"shift.{name}"] = (posterior.model_input(shifted, device), test.y)
+    ood = {}
+    for spec in dict.fromkeys(args.ood):
+        images = (
+            load_ood(spec).x
+            if spec in OOD_SETS
+            else load_eval_split(spec, *split_args, "test", *fractions).x
+        )
+        if tuple(images.shape[1:]) != tuple(posterior.input_shape):
+            raise UserError(
+                f"--ood {spec}: images of shape {tuple(images.shape[1:])}, the posterior's "
+                f"network takes {tuple(posterior.input_shape)}"
+            )
+        ood[spec] = posterior.model_input(images, device)
+    results = evaluate(
         posterior,
         args.predictor,
-        {"test": (posterior.model_input(test.x, device), test.y)},
+        splits,
         n_samples=args.samples,
         scale=args.scale,
         bn_x=bn_x,
         batch_size=args.batch_size,
         seed=args.seed,
         device=device,
-    )["test"]
-    write_json(args.out, {**result.metrics, "predictor": args.predictor, "data": args.data})
+        ood=ood,
+    )
+    result = results["test"]
+    out: dict[str, object] = {**result.metrics, "predictor": args.predictor, "data": args.data}
+    keys = ("accuracy", "nll", "ece", "brier", "entropy")
+    if args.shift:
+        out["shift"] = {
+            name: {k: results[f"shift.{name}"].metrics[k] for k in keys}
+            for name in dict.fromkeys(args.shift)
+        }
+    if ood:
+        out["ood"] = result.ood
+    write_json(args.out, out)
     if args.reliability is not None:
         write_csv(args.reliability, result.reliability.rows())
     log.info("%s on %s: %s", args.predictor, args.data, result.metrics)

@@ -9,10 +9,11 @@ forward passes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from .errors import UserError
 from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
 from .models import dropout_modules, has_batchnorm
+from .ood import OODAccumulator, ood_metrics
 from .posterior_file import PosteriorFile, load_theta
 from .sampling import centres, draws
 from .seeding import derive_seed, isolated_rng
@@ -35,10 +37,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Evaluation:
+    """One split's results. ``ood``: for the split OOD sets were scored against, per OOD set
+    and score, AUROC, AUPR-In, AUPR-Out and FPR at 95% TPR (OOD the positive class)."""
+
     metrics: dict[str, float]
     reliability: Reliability
     by_samples: list[dict[str, float]]
     log_probs: torch.Tensor
+    ood: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 def method_of(name: str) -> Method:
@@ -91,6 +97,8 @@ def evaluate(
     seed: int = 0,
     device: torch.device | str = "cpu",
     name: str | None = None,
+    ood: Mapping[str, torch.Tensor] | None = None,
+    ood_reference: str = "test",
 ) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
@@ -100,6 +108,11 @@ def evaluate(
     the method samples weights. ``name`` (the predictor's, default the
     method's) names it in errors: non-finite predictive probabilities stop
     here instead of becoming NaN metrics.
+
+    ``ood`` maps a name to model-ready inputs from elsewhere (no labels): each
+    sampled network predicts them in the same forward pass as the splits, and
+    their max-probability, entropy and mutual-information scores are compared
+    with those of split ``ood_reference`` (its ``Evaluation.ood``).
     """
     device = torch.device(device)
     entry = method_of(method)
@@ -119,8 +132,13 @@ def evaluate(
     if needs_bn and bn_x is None:
         raise UserError(f"predictor {name} on a BatchNorm model needs training data for BN")
     names = list(splits)
+    ood = dict(ood or {})
+    if ood and ood_reference not in splits:
+        raise ValueError(f"ood_reference {ood_reference!r} is not one of the splits")
     sizes = [splits[n][0].shape[0] for n in names]
-    x_all = torch.cat([splits[n][0] for n in names]).to(device)
+    ood_sizes = [x.shape[0] for x in ood.values()]
+    x_all = torch.cat([splits[n][0] for n in names] + [x for x in ood.values()]).to(device)
+    scorers = {key: OODAccumulator() for key in [ood_reference, *ood]} if ood else {}
     ys = [splits[n][1].to(device) for n in names]
     log_sum: torch.Tensor | None = None
     per_s: dict[str, list[dict[str, torch.Tensor]]] = {n: [] for n in names}
@@ -136,6 +154,12 @@ def evaluate(
             if needs_bn:
                 update_bn(model, bn_x, batch_size)
             logp = log_softmax_predictions(model, x_all, batch_size, dropout=sampled.dropout)
+            if scorers:
+                parts = dict(zip(names, logp.split(sizes + ood_sizes), strict=False))
+                parts.update(zip(ood, logp[sum(sizes) :].split(ood_sizes), strict=True))
+                for key, scorer in scorers.items():
+                    scorer.add(parts[key])
+                logp = logp[: sum(sizes)]
             log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
             for split, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
                 per_s[split].append(classification_metrics(bma, y, ece_bins))
@@ -146,10 +170,21 @@ def evaluate(
             "gives NaN or infinite outputs); check the posterior file and the scale"
         )
     bmas = (log_sum - math.log(total)).split(sizes)
-    return {
+    results = {
         split: _summarise(per_s[split], bma, y, total, ece_bins)
         for split, bma, y in zip(names, bmas, ys, strict=True)
     }
+    if scorers:
+        reference = scorers.pop(ood_reference).scores()
+        found = {
+            key: {
+                score: {m: float(v) for m, v in metrics.items()}
+                for score, metrics in ood_metrics(reference, scorer.scores()).items()
+            }
+            for key, scorer in scorers.items()
+        }
+        results[ood_reference] = dataclasses.replace(results[ood_reference], ood=found)
+    return results
 
 
 def _summarise(

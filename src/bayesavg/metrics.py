@@ -81,14 +81,21 @@ def ece(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int = 20) -> torch.Ten
     return reliability(log_probs, y, n_bins).ece()
 
 
+def entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """Mean over points of the predictive entropy -sum_c p_c log p_c, in nats (0 log 0 = 0)."""
+    lp = log_probs.double()
+    return -(lp.exp() * lp).nan_to_num(0.0).sum(1).mean()
+
+
 def classification_metrics(
     log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int = 20
 ) -> dict[str, torch.Tensor]:
-    """accuracy, nll, ece (``ece_bins`` bins), ece15, brier as 0-d tensors on the device."""
+    """accuracy, nll, ece (``ece_bins`` bins), ece15, brier, entropy as 0-d device tensors."""
     return {
         "accuracy": accuracy(log_probs, y),
         "nll": nll(log_probs, y),
         "ece": ece(log_probs, y, ece_bins),
         "ece15": ece(log_probs, y, 15),
         "brier": brier(log_probs, y),
+        "entropy": entropy(log_probs),
     }

@@ -291,3 +291,23 @@ def shifts(
     if duplicates:
         raise ValueError(f"shifts listed twice: {', '.join(duplicates)}")
     return out
+
+
+def parse(name: str) -> Shift:
+    """The shift a metrics key names: ``rotate_<degrees>``, ``<corruption>`` (its default
+    level) or ``<corruption>_<level>``; the inverse of ``Shift.name``."""
+    if name.startswith("rotate_"):
+        try:
+            degrees = float(name.removeprefix("rotate_"))
+        except ValueError:
+            raise ValueError(f"shift {name!r}: rotate_<degrees>, e.g. rotate_15") from None
+        return Shift("rotate", degrees)
+    base, _, level = name.rpartition("_")
+    if base in CORRUPTIONS and level.isdigit():
+        return Shift(base, int(level))
+    if name in CORRUPTIONS:
+        return Shift(name, CORRUPTIONS[name].default)
+    raise ValueError(
+        f"unknown shift {name!r}; rotate_<degrees> or one of {', '.join(CORRUPTIONS)} "
+        "(optionally _<level 1-5>)"
+    )

@@ -1,0 +1,139 @@
+"""Uncertainty of a comparison between two predictors on the same test points.
+
+A difference of one test image in 1,000 is not an improvement. Two
+predictors evaluated on the same points are compared by a paired
+bootstrap: the points are resampled with replacement (the same resample for
+both), the metric difference is recomputed on each resample, and the
+percentile interval of those differences is reported. Every resample is a
+row of multinomial counts over the points, so accuracy, NLL and Brier (means
+of per-point values) and ECE (binned, hence not a mean of per-point values)
+are all computed for all resamples at once as matrix products. Accuracy
+also has an exact paired test, McNemar's: only the points where exactly one
+predictor is right carry information.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .metrics import brier, ece, nll
+
+PerPoint = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _correct(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (log_probs.argmax(1) == y).double()
+
+
+def _nll(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return -log_probs.double().gather(1, y[:, None])[:, 0]
+
+
+def _brier(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    probs = log_probs.double().exp()
+    return ((probs - torch.nn.functional.one_hot(y, probs.shape[1]).double()) ** 2).sum(1)
+
+
+PER_POINT: dict[str, PerPoint] = {"accuracy": _correct, "nll": _nll, "brier": _brier}
+FULL: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "accuracy": lambda lp, y: _correct(lp, y).mean(),
+    "nll": nll,
+    "brier": brier,
+    "ece": ece,
+}
+LOWER_IS_BETTER = {"accuracy": False, "nll": True, "brier": True, "ece": True}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """``diff`` = metric(B) - metric(A) on all points, and its ``level`` percentile interval."""
+
+    metric: str
+    diff: float
+    low: float
+    high: float
+    level: float
+    resamples: int
+
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+    def verdict(self) -> str:
+        """'better', 'worse' (B against A, the interval excluding 0) or 'within noise'."""
+        if not self.excludes_zero():
+            return "within noise"
+        better = self.high < 0 if LOWER_IS_BETTER[self.metric] else self.low > 0
+        return "better" if better else "worse"
+
+
+def resample_counts(n: int, resamples: int, seed: int) -> torch.Tensor:
+    """(resamples, n) float64 counts: row r says how often each point is in resample r."""
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=generator)
+    counts = torch.zeros(resamples, n, dtype=torch.float64)
+    counts.scatter_add_(1, idx, torch.ones(resamples, n, dtype=torch.float64))
+    return counts
+
+
+def _weighted_ece(
+    log_probs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor, n_bins: int
+) -> torch.Tensor:
+    """ECE of every resample at once: bin sums weighted by the resample's counts."""
+    probs = log_probs.double().exp()
+    conf, pred = probs.max(1)
+    correct = (pred == y).double()
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64)
+    idx = (torch.bucketize(conf, edges, right=False) - 1).clamp(0, n_bins - 1)
+    member = torch.nn.functional.one_hot(idx, n_bins).double()
+    conf_sum = counts @ (member * conf[:, None])
+    acc_sum = counts @ (member * correct[:, None])
+    return (acc_sum - conf_sum).abs().sum(1) / counts.sum(1)
+
+
+def paired_bootstrap(
+    metric: str,
+    log_probs_a: torch.Tensor,
+    log_probs_b: torch.Tensor,
+    y: torch.Tensor,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    ece_bins: int = 20,
+) -> Interval:
+    """The paired bootstrap interval of metric(B) - metric(A) over the test points."""
+    if metric not in FULL:
+        raise ValueError(f"unknown metric {metric!r}; one of {', '.join(FULL)}")
+    a, b, y = log_probs_a.cpu(), log_probs_b.cpu(), y.cpu()
+    if a.shape != b.shape or a.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"log-probabilities {tuple(a.shape)}, {tuple(b.shape)} for {len(y)} labels"
+        )
+    counts = resample_counts(y.shape[0], resamples, seed)
+    if metric == "ece":
+        diffs = _weighted_ece(b, y, counts, ece_bins) - _weighted_ece(a, y, counts, ece_bins)
+    else:
+        per_point = PER_POINT[metric]
+        diffs = counts @ (per_point(b, y) - per_point(a, y)) / y.shape[0]
+    full = FULL[metric]
+    args = {"n_bins": ece_bins} if metric == "ece" else {}
+    diff = float(full(b, y, **args) - full(a, y, **args))
+    tail = (1 - level) / 2
+    low, high = torch.quantile(diffs, torch.tensor([tail, 1 - tail], dtype=torch.float64))
+    return Interval(metric, diff, float(low), float(high), level, resamples)
+
+
+def mcnemar(correct_a: torch.Tensor, correct_b: torch.Tensor) -> float:
+    """Exact two-sided McNemar p-value for paired right/wrong outcomes: under the null, each
+    of the b + c discordant points is B's win with probability 1/2."""
+    a, b = correct_a.bool().cpu(), correct_b.bool().cpu()
+    wins_a = int((a & ~b).sum())
+    wins_b = int((~a & b).sum())
+    n, k = wins_a + wins_b, min(wins_a, wins_b)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)

@@ -155,8 +155,7 @@ def evaluate(
                 update_bn(model, bn_x, batch_size)
             logp = log_softmax_predictions(model, x_all, batch_size, dropout=sampled.dropout)
             if scorers:
-                parts = dict(zip(names, logp.split(sizes + ood_sizes), strict=False))
-                parts.update(zip(ood, logp[sum(sizes) :].split(ood_sizes), strict=True))
+                parts = dict(zip([*names, *ood], logp.split(sizes + ood_sizes), strict=True))
                 for key, scorer in scorers.items():
                     scorer.add(parts[key])
                 logp = logp[: sum(sizes)]

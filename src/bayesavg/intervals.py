@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .metrics import brier, ece, nll
+from .metrics import accuracy, brier, ece, nll
 
 PerPoint = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -40,7 +40,7 @@ def _brier(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 PER_POINT: dict[str, PerPoint] = {"accuracy": _correct, "nll": _nll, "brier": _brier}
 FULL: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "accuracy": lambda lp, y: _correct(lp, y).mean(),
+    "accuracy": accuracy,
     "nll": nll,
     "brier": brier,
     "ece": ece,

@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .batchnorm import bn_modules, update_bn
+from .train import Tensors, loss_and_accuracy
 
 
 @dataclass(frozen=True)
@@ -47,21 +48,6 @@ class Probe:
     batch_size: int = 1000
 
 
-def _loss_error(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> tuple[float, float]:
-    """Mean cross-entropy (float64 sum) and error rate in eval mode."""
-    loss = torch.zeros((), dtype=torch.float64, device=x.device)
-    wrong = torch.zeros((), dtype=torch.int64, device=x.device)
-    for start in range(0, x.shape[0], batch_size):
-        logits = model(x[start : start + batch_size]).double()
-        yb = y[start : start + batch_size]
-        loss += nn.functional.cross_entropy(logits, yb, reduction="sum")
-        wrong += (logits.argmax(1) != yb).sum()
-    n = x.shape[0]
-    return loss.item() / n, wrong.item() / n
-
-
 @torch.no_grad()
 def evaluate_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> dict[str, float]:
     """The network at ``theta`` (BatchNorm recomputed): train loss and its weight-decay term,
@@ -71,14 +57,15 @@ def evaluate_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> dict[str
     if probe.bn_x is not None and bn_modules(model):
         update_bn(model, probe.bn_x, probe.batch_size)
     model.eval()
-    train_loss, train_error = _loss_error(model, probe.train_x, probe.train_y, probe.batch_size)
-    test_nll, test_error = _loss_error(model, probe.test_x, probe.test_y, probe.batch_size)
+    train, test = Tensors(probe.train_x, probe.train_y), Tensors(probe.test_x, probe.test_y)
+    train_loss, train_acc = loss_and_accuracy(model, train, probe.batch_size)
+    test_nll, test_acc = loss_and_accuracy(model, test, probe.batch_size)
     return {
-        "train_loss": train_loss,
+        "train_loss": train_loss.item(),
         "weight_decay_term": 0.5 * probe.weight_decay * float(theta.double().square().sum()),
-        "train_error": train_error,
-        "test_error": test_error,
-        "test_nll": test_nll,
+        "train_error": 1 - train_acc.item(),
+        "test_error": 1 - test_acc.item(),
+        "test_nll": test_nll.item(),
     }
 
 

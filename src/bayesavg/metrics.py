@@ -81,10 +81,15 @@ def ece(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int = 20) -> torch.Ten
     return reliability(log_probs, y, n_bins).ece()
 
 
+def point_entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """-sum_k p_k log p_k over the last dim, from log-probabilities, in nats (0 log 0 = 0)."""
+    terms = torch.where(torch.isneginf(log_p), 0.0, log_p.exp() * log_p)
+    return -terms.sum(dim=-1)
+
+
 def entropy(log_probs: torch.Tensor) -> torch.Tensor:
-    """Mean over points of the predictive entropy -sum_c p_c log p_c, in nats (0 log 0 = 0)."""
-    lp = log_probs.double()
-    return -(lp.exp() * lp).nan_to_num(0.0).sum(1).mean()
+    """Mean over points of the predictive entropy, in nats."""
+    return point_entropy(log_probs.double()).mean()
 
 
 def classification_metrics(

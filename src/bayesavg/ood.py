@@ -22,20 +22,15 @@ import math
 import torch
 
 from .errors import UserError
+from .metrics import point_entropy
 
 SCORES = ("msp", "entropy", "mutual_info")
 DETECTION_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")
 
 
-def _entropy(log_p: torch.Tensor) -> torch.Tensor:
-    """-sum_k p_k log p_k over the last dim, from log-probabilities (0 log 0 = 0)."""
-    terms = torch.where(torch.isneginf(log_p), 0.0, log_p.exp() * log_p)
-    return -terms.sum(dim=-1)
-
-
 def _scores(log_mean: torch.Tensor, mean_entropy: torch.Tensor) -> dict[str, torch.Tensor]:
     """All scores from log p̄ (N, K) and mean_s H[p_s] (N,)."""
-    total = _entropy(log_mean)
+    total = point_entropy(log_mean)
     # MI >= 0 exactly by concavity of entropy (Jensen), but the difference of two
     # nearly equal float sums can come out around -1e-16 when the samples agree;
     # clamp that rounding noise so the score keeps its meaning.
@@ -53,7 +48,7 @@ def ood_scores_from_log(log_probs: torch.Tensor) -> dict[str, torch.Tensor]:
     # Averaging probabilities in log space (as evaluate does): no underflow, and for
     # S = 1 log p̄ is the input itself, so H[p̄] equals mean_s H[p_s] bit for bit.
     log_mean = torch.logsumexp(lp, dim=0) - math.log(lp.shape[0])
-    return _scores(log_mean, _entropy(lp).mean(dim=0))
+    return _scores(log_mean, point_entropy(lp).mean(dim=0))
 
 
 def ood_scores(probs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -83,7 +78,7 @@ class OODAccumulator:
             raise ValueError(f"log_probs must be (N, K), got {tuple(lp.shape)}")
         if self._log_sum is None or self._entropy_sum is None:
             self._log_sum = lp.clone()
-            self._entropy_sum = _entropy(lp)
+            self._entropy_sum = point_entropy(lp)
         else:
             if lp.shape != self._log_sum.shape:
                 raise ValueError(
@@ -91,7 +86,7 @@ class OODAccumulator:
                     f"{tuple(self._log_sum.shape)}"
                 )
             self._log_sum = torch.logaddexp(self._log_sum, lp)
-            self._entropy_sum = self._entropy_sum + _entropy(lp)
+            self._entropy_sum = self._entropy_sum + point_entropy(lp)
         self.n_samples += 1
 
     def scores(self) -> dict[str, torch.Tensor]:

@@ -44,7 +44,7 @@ project_root = _bootstrap.project_root
 def main(fn: Callable[[], None]) -> None:
     """Run a stage: a ``UserError`` is one line and exit code 2.
 
-    As one rank of a torchrun job (``relaunch``), a failure is recorded for
+    As one rank of a torchrun job (``delegated``), a failure is recorded for
     the launcher, which reports the job's first one.
     """
     if launch.is_rank():
@@ -56,16 +56,25 @@ def main(fn: Callable[[], None]) -> None:
     _leave(0)
 
 
-def relaunch() -> None:
-    """Run this stage's command on ``BAYESAVG_NPROC`` processes (torchrun) and wait.
+def delegated(compute: Callable[[], object]) -> bool:
+    """For a distributed stage: whether this process has nothing more to do.
 
-    This process only launches: its tracking worker is stopped, and rank 0
-    of the job tracks the run and writes the outputs.
+    Outside torchrun with ``BAYESAVG_NPROC`` > 1, it runs this stage's command on
+    that many processes (torchrun) and waits; its own tracking worker is stopped,
+    since rank 0 of the job tracks and writes. As a rank other than 0 it runs
+    ``compute`` (its share of the work) and writes nothing. Rank 0, or a single
+    process, goes on with the stage.
     """
-    if _bootstrap.tracker is not None:
-        _bootstrap.tracker.discard()
-        _bootstrap.tracker = None
-    launch.relaunch(sys.argv)
+    if launch.should_relaunch():
+        if _bootstrap.tracker is not None:
+            _bootstrap.tracker.discard()
+            _bootstrap.tracker = None
+        launch.relaunch(sys.argv)
+        return True
+    if not launch.is_main_rank():
+        compute()
+        return True
+    return False
 
 
 def _leave(code: object) -> None:

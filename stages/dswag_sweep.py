@@ -10,9 +10,8 @@ model, DSWA and DSWAG, and the posterior (models/<trajectory>_w<W>). Runs on
 import sys
 from pathlib import Path
 
-from _common import MANIFEST, PREPARED, main, mark_outputs, params, relaunch, tracked
+from _common import MANIFEST, PREPARED, delegated, main, mark_outputs, params, tracked
 
-from bayesavg import launch
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json
 
@@ -44,11 +43,8 @@ def run() -> None:
     name = f"{sweep.trajectory}_w{w}"
     start_file = Path("models") / base.start / "posterior.pt"
     device = local_device(resolve_device(p.device))
-    if launch.should_relaunch():
-        relaunch()
-        return
-    if not launch.is_main_rank():  # a torchrun rank other than 0: compute, write nothing
-        finetune_dswag(p, name, load_prepared(PREPARED), load_posterior(start_file), device, traj)
+    start = load_posterior(start_file)
+    if delegated(lambda: finetune_dswag(p, name, load_prepared(PREPARED), start, device, traj)):
         return
     stage = f"dswag_sweep@{w}"
     logged = {
@@ -59,7 +55,7 @@ def run() -> None:
     }
     with tracked(stage, p, logged, [MANIFEST, start_file]) as mlrun:
         data = load_prepared(PREPARED)
-        result = finetune_dswag(p, name, data, load_posterior(start_file), device, traj)
+        result = finetune_dswag(p, name, data, start, device, traj)
         assert result is not None
         posterior = result.posterior
         bn_x = None

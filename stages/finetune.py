@@ -13,15 +13,14 @@ from pathlib import Path
 from _common import (
     MANIFEST,
     PREPARED,
+    delegated,
     main,
     mark_outputs,
     params,
-    relaunch,
     stage_checkpoint,
     tracked,
 )
 
-from bayesavg import launch
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv
 
@@ -47,11 +46,9 @@ def run() -> None:
     start_file = Path("models") / p.finetune[name].start / "posterior.pt"
     device = local_device(resolve_device(p.device))
     distributed = isinstance(p.finetune[name], DSWAGTrajectory)
-    if distributed and launch.should_relaunch():
-        relaunch()
-        return
-    if not launch.is_main_rank():  # a torchrun rank other than 0: compute, write nothing
-        finetune_dswag(p, name, load_prepared(PREPARED), load_posterior(start_file), device)
+    if distributed and delegated(
+        lambda: finetune_dswag(p, name, load_prepared(PREPARED), load_posterior(start_file), device)
+    ):
         return
     inputs = [MANIFEST, start_file]
     ckpt = None if distributed else stage_checkpoint(stage, p, {"finetune": traj}, inputs)

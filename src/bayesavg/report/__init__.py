@@ -7,13 +7,28 @@ and CSV.
 """
 
 from .findings import pair_predictors
-from .inputs import PlaneData, PredictorResult, ReportInputs, SweepPoint
+from .inputs import (
+    Landscape,
+    LineData,
+    PlaneData,
+    Predictions,
+    PredictorResult,
+    RayData,
+    ReportInputs,
+    SwagDirections,
+    SweepPoint,
+)
 from .render import write_report
 
 __all__ = [
+    "Landscape",
+    "LineData",
     "PlaneData",
+    "Predictions",
     "PredictorResult",
+    "RayData",
     "ReportInputs",
+    "SwagDirections",
     "SweepPoint",
     "pair_predictors",
     "write_report",

@@ -7,8 +7,31 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any
 
+import numpy as np
+
 # Quantiles of the per-weight ratio sigma / sigma_0 a variational predictor reports.
 SIGMA_KEYS = ("min", "p01", "p10", "p25", "median", "p75", "p90", "p99", "max", "mean")
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """One predictor's per-point predictions (``predictions/<name>.npz`` of its evaluate stage).
+
+    ``log_probs``: the BMA's log-probabilities on the clean test split (n x C),
+    ``y`` its labels: what paired bootstraps between predictors resample.
+    ``shift_log_probs`` maps a shift name (``rotate_15``, ``shot_noise``) to the
+    BMA log-probabilities on the shifted test subset whose labels are
+    ``shift_y`` (the same subset for every shift and predictor).
+    ``ood_scores`` maps ``"test"`` (the in-distribution reference) and each OOD
+    set to its per-point scores by name (``msp``, ``entropy``, ``mutual_info``;
+    higher = more OOD, so ``msp`` holds the negated maximum probability).
+    """
+
+    y: np.ndarray
+    log_probs: np.ndarray
+    shift_y: np.ndarray | None = None
+    shift_log_probs: dict[str, np.ndarray] = field(default_factory=dict)
+    ood_scores: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -17,7 +40,9 @@ class PredictorResult:
 
     ``metrics`` holds floats by name; a variational predictor also holds
     ``sigma_ratio``, the quantiles (``SIGMA_KEYS``) of sigma / sigma_0 over
-    its weights.
+    its weights. ``metrics["shift"]`` maps a shift name to its accuracy, nll,
+    ece, brier and entropy; ``metrics["ood"]`` maps an OOD set to score to its
+    auroc, aupr_in, aupr_out and fpr95 (OOD the positive class).
     """
 
     name: str
@@ -27,6 +52,7 @@ class PredictorResult:
     metrics: dict[str, Any]
     reliability: list[dict[str, float]]
     by_samples: list[dict[str, float]]
+    predictions: Predictions | None = None
 
     def metric(self, key: str) -> float:
         """The metric as a float; NaN when missing, so comparisons can say so."""
@@ -92,6 +118,66 @@ class SweepPoint:
 
 
 @dataclass(frozen=True)
+class LineData:
+    """A line between two posteriors' centres (stage ``line@<name>``, ``bayesavg.landscape``).
+
+    ``a``/``b``: the trajectories; ``a_centre``/``b_centre``: which centre of each
+    (``weights``, ``snapshot_mean``, ``hwa_mean``, ...). ``rows``: t,
+    train_loss (data term), weight_decay_term, train_error, test_error,
+    test_nll, at w(t) = w_a + t (w_b - w_a).
+    """
+
+    a: str
+    b: str
+    a_centre: str
+    b_centre: str
+    rows: list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class RayData:
+    """Random rays from one trajectory's centre (stage ``rays@<trajectory>``).
+
+    ``rows``: direction, distance, train_loss, weight_decay_term, train_error,
+    test_error, test_nll. ``widths``: per direction, the distance at which the
+    train loss first exceeds its value at 0 by ``delta`` (None: not within the
+    grid). The directions are the same seeded ones for every centre.
+    """
+
+    trajectory: str
+    centre: str
+    rows: list[dict[str, float]]
+    widths: list[float | None]
+    delta: float
+    filter_normalised: bool
+
+
+@dataclass(frozen=True)
+class SwagDirections:
+    """A SWAG-kind posterior's own directions (stage ``swag_directions@<trajectory>``).
+
+    ``directions`` rows: direction (0-based, by decreasing variance), sigma (the
+    standard deviation along it), offset (in multiples of sigma), distance,
+    train_loss, weight_decay_term, train_error, test_error, test_nll.
+    ``sigma_distance`` rows: multiple, draw, accuracy, nll, sigma_norm (test
+    accuracy of theta_bar + m sigma * z, the same format as ``SweepPoint``).
+    """
+
+    trajectory: str
+    directions: list[dict[str, float]]
+    sigma_distance: list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Landscape:
+    """Every landscape analysis the pipeline ran; maps keyed by line name or trajectory."""
+
+    lines: dict[str, LineData] = field(default_factory=dict)
+    rays: dict[str, RayData] = field(default_factory=dict)
+    swag: dict[str, SwagDirections] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ReportInputs:
     """All report content; ``predictors`` are listed in table order.
 
@@ -113,6 +199,7 @@ class ReportInputs:
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (reference, candidate)
     planes: dict[str, PlaneData] = field(default_factory=dict)
     dswag_sweep: list[SweepPoint] = field(default_factory=list)
+    landscape: Landscape | None = None
 
 
 def trajectory_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -6,16 +6,20 @@ from pathlib import Path
 from _common import MANIFEST, PREPARED, main, params, tracked
 
 from bayesavg.errors import UserError
-from bayesavg.io import write_csv, write_json
+from bayesavg.io import write_csv, write_json, write_npz
+
+SHIFT_KEYS = ("accuracy", "nll", "ece", "brier", "entropy")
 
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.data import load_prepared
     from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, method_of, needs_bn_data
+    from bayesavg.extra_sets import ood_images, shift_subset, shifted
     from bayesavg.posterior_file import load_posterior
     from bayesavg.sampling import sigma_ratio
     from bayesavg.seeding import derive_seed, resolve_device
+    from bayesavg.shift import shifts
 
     p = params()
     if len(sys.argv) != 2 or sys.argv[1] not in p.evaluate.predictors:
@@ -40,13 +44,28 @@ def run() -> None:
         if posterior.has_batchnorm and needs_bn_data(pred.method):
             bn_part = bn_subset(data.train, e.bn_update_fraction, p.seed)
             bn_x = posterior.model_input(bn_part.x, device)
+        splits = {
+            split: (posterior.model_input(part.x, device), part.y)
+            for split, part in (("test", data.test), ("val", data.val))
+        }
+        subset = shift_subset(data.test, e.shift.n_points, p.seed)
+        listed = shifts(e.shift.angles, e.shift.corruptions, e.shift.severity)
+        for shift_name, images in shifted(subset.x, listed, p.seed).items():
+            splits[f"shift.{shift_name}"] = (posterior.model_input(images, device), subset.y)
+        fractions = (p.seed, p.data.test_fraction, p.data.val_fraction)
+        ood = {
+            spec: posterior.model_input(
+                ood_images(
+                    spec, posterior.input_shape, p.data.raw_dir, fractions, e.ood.n_points, p.seed
+                ),
+                device,
+            )
+            for spec in e.ood.sets
+        }
         results = evaluate(
             posterior,
             pred.method,
-            {
-                split: (posterior.model_input(part.x, device), part.y)
-                for split, part in (("test", data.test), ("val", data.val))
-            },
+            splits,
             n_samples=e.n_samples,
             scale=pred.effective_scale(),
             bn_x=bn_x,
@@ -55,6 +74,7 @@ def run() -> None:
             seed=derive_seed(p.seed, "evaluate", name),
             device=device,
             name=name,
+            ood=ood,
         )
         sh = e.sharpness
         part = data.train.random_subset(sh.n_points, derive_seed(p.seed, "sharpness"))
@@ -71,11 +91,14 @@ def run() -> None:
             batch_size=e.batch_size,
         )
         result = results["test"]
+        shift = {s.name: _pick(results[f"shift.{s.name}"].metrics) for s in listed}
         metrics = {
             **result.metrics,
             **sharp,
             "scale": pred.effective_scale(),
             "val": results["val"].metrics,
+            "shift": shift,
+            "ood": result.ood,
         }
         spread = sigma_ratio(posterior, method_of(pred.method))
         if spread is not None:
@@ -83,16 +106,43 @@ def run() -> None:
         write_json(Path("metrics") / f"{name}.json", metrics)
         write_csv(Path("plots/reliability") / f"{name}.csv", result.reliability.rows())
         write_csv(Path("plots/samples") / f"{name}.csv", result.by_samples)
+        predictions = Path("predictions") / f"{name}.npz"
+        write_npz(
+            predictions,
+            {
+                "y": data.test.y.numpy(),
+                "log_probs": result.log_probs.numpy(),
+                "shift_y": subset.y.numpy(),
+                **{f"shift.{s.name}": results[f"shift.{s.name}"].log_probs.numpy() for s in listed},
+                **{
+                    f"ood.{key}.{score}": values.cpu().numpy()
+                    for key, by_score in result.ood_scores.items()
+                    for score, values in by_score.items()
+                },
+            },
+        )
         mlrun.log_metrics(
             {
                 **result.metrics,
                 **sharp,
                 **_prefixed("val_", results["val"].metrics),
                 **_prefixed("sigma_ratio_", spread or {}),
+                **{f"shift/{k}/{m}": v for k, row in shift.items() for m, v in row.items()},
+                **{
+                    f"ood/{spec}/{score}/{m}": v
+                    for spec, by_score in result.ood.items()
+                    for score, row in by_score.items()
+                    for m, v in row.items()
+                },
             }
         )
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
         mlrun.log_artifact(Path("plots/reliability") / f"{name}.csv", "plots")
+        mlrun.log_artifact(predictions, "predictions")
+
+
+def _pick(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: metrics[k] for k in SHIFT_KEYS}
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -8,9 +8,14 @@ from _common import MANIFEST, RUNS, main, params, raw_params, tracked
 
 from bayesavg.config import Params
 from bayesavg.report import (
+    Landscape,
+    LineData,
     PlaneData,
+    Predictions,
     PredictorResult,
+    RayData,
     ReportInputs,
+    SwagDirections,
     SweepPoint,
     pair_predictors,
     write_report,
@@ -20,6 +25,9 @@ OUT = Path("reports")
 PLANES = Path("plots/plane")
 SWEEP_METRICS = Path("metrics/dswag_sweep")
 SWEEP_PLOTS = Path("plots/dswag_sweep")
+PREDICTIONS = Path("predictions")
+LANDSCAPE_PLOTS = Path("plots/landscape")
+LANDSCAPE_METRICS = Path("metrics/landscape")
 
 
 def _csv(path: Path) -> list[dict[str, float]]:
@@ -86,6 +94,73 @@ def _sweep(p: Params) -> list[SweepPoint]:
     return points
 
 
+def _predictions(name: str) -> Predictions | None:
+    """The evaluate stage's per-point predictions (``predictions/<name>.npz``), if written."""
+    import numpy as np
+
+    file = PREDICTIONS / f"{name}.npz"
+    if not file.is_file():
+        return None
+    with np.load(file, allow_pickle=False) as found:
+        arrays = {key: found[key] for key in found.files}
+    ood: dict[str, dict[str, np.ndarray]] = {}
+    for key, values in arrays.items():
+        if key.startswith("ood."):
+            where, _, score = key.removeprefix("ood.").rpartition(".")
+            ood.setdefault(where, {})[score] = values
+    return Predictions(
+        y=arrays["y"],
+        log_probs=arrays["log_probs"],
+        shift_y=arrays.get("shift_y"),
+        shift_log_probs={
+            k.removeprefix("shift."): v for k, v in arrays.items() if k.startswith("shift.")
+        },
+        ood_scores=ood,
+    )
+
+
+def _landscape(p: Params) -> Landscape | None:
+    """Every landscape analysis the listed stages have written; None if none has."""
+    land = p.evaluate.landscape
+    lines = {}
+    for name in land.lines:
+        summary = LANDSCAPE_METRICS / "line" / f"{name}.json"
+        if summary.is_file():
+            found = json.loads(summary.read_text())
+            lines[name] = LineData(
+                a=found["a"],
+                b=found["b"],
+                a_centre=found["a_centre"],
+                b_centre=found["b_centre"],
+                rows=_csv(LANDSCAPE_PLOTS / "line" / f"{name}.csv"),
+            )
+    rays = {}
+    for name in land.rays.centres:
+        summary = LANDSCAPE_METRICS / "rays" / f"{name}.json"
+        if summary.is_file():
+            found = json.loads(summary.read_text())
+            rays[name] = RayData(
+                trajectory=name,
+                centre=found["centre"],
+                rows=_csv(LANDSCAPE_PLOTS / "rays" / f"{name}.csv"),
+                widths=found["widths"],
+                delta=found["delta"],
+                filter_normalised=found["filter_normalised"],
+            )
+    swag = {}
+    for name in land.swag.trajectories:
+        folder = LANDSCAPE_PLOTS / "swag" / name
+        if (folder / "directions.csv").is_file():
+            swag[name] = SwagDirections(
+                trajectory=name,
+                directions=_csv(folder / "directions.csv"),
+                sigma_distance=_csv(folder / "sigma_distance.csv"),
+            )
+    if not (lines or rays or swag):
+        return None
+    return Landscape(lines=lines, rays=rays, swag=swag)
+
+
 def run() -> None:
     p = params()
     predictors = [
@@ -97,6 +172,7 @@ def run() -> None:
             metrics=json.loads((Path("metrics") / f"{name}.json").read_text()),
             reliability=_csv(Path("plots/reliability") / f"{name}.csv"),
             by_samples=_csv(Path("plots/samples") / f"{name}.csv"),
+            predictions=_predictions(name),
         )
         for name, pred in p.evaluate.predictors.items()
     ]
@@ -119,6 +195,7 @@ def run() -> None:
         pairs=_pairs(p),
         planes=_planes(p),
         dswag_sweep=_sweep(p),
+        landscape=_landscape(p),
         dataset_summary={
             "dataset": manifest["dataset"],
             **{s: manifest["splits"][s]["n"] for s in ("train", "val", "test")},

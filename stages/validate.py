@@ -7,11 +7,17 @@ stage never causes downstream re-runs by itself.
 
 from _common import RUNS, main, params
 
+from bayesavg.errors import UserError
 from bayesavg.io import write_json
+from bayesavg.shift import shifts
 
 
 def run() -> None:
-    params()
+    shift = params().evaluate.shift
+    try:
+        shifts(shift.angles, shift.corruptions, shift.severity)
+    except ValueError as err:
+        raise UserError(f"params.yaml: evaluate.shift: {err}") from None
     write_json(RUNS / "validate.json", {"params": "valid"})
 
 

@@ -55,6 +55,17 @@ def make_repo(repo: Path, params: dict[str, Any]) -> Path:
     return repo
 
 
+def prune_landscape(raw: dict[str, Any]) -> dict[str, Any]:
+    """Drop the landscape entries of trajectories a test removed from ``finetune`` (the
+    defaults name sgd, swag, fswag, hwa, fhwa, dswag, fedavg_swag)."""
+    kept = set(raw["finetune"])
+    land = raw["evaluate"]["landscape"]
+    land["lines"] = {k: v for k, v in land["lines"].items() if {v["a"], v["b"]} <= kept}
+    land["rays"]["centres"] = [t for t in land["rays"]["centres"] if t in kept]
+    land["swag"]["trajectories"] = [t for t in land["swag"]["trajectories"] if t in kept]
+    return raw
+
+
 def default_params() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "params.yaml").read_text())
 

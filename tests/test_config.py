@@ -80,6 +80,18 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("evaluate.dswag_sweep.workers", [5, 5], "evaluate.dswag_sweep.workers: each number"),
         ("finetune.dswag.start", "pretrain", "dswag must start from init (the sweep"),
         ("finetune.init", {"start": "pretrain"}, "finetune.init: the name 'init' is a stage's"),
+        (
+            "evaluate.landscape.rays.centres",
+            ["ensemble"],
+            "'ensemble' is not a finetune trajectory",
+        ),
+        ("evaluate.landscape.lines.sgd_swag.b", "nope", "lines.sgd_swag.b: 'nope' is not a"),
+        ("evaluate.landscape.swag.trajectories", ["vi"], "'vi' is not a finetune trajectory that"),
+        ("evaluate.landscape.rays.distances.start", 1.0, "rays start at the centre"),
+        ("evaluate.landscape.t.stop", -2.0, "evaluate.landscape.t.stop: must exceed start"),
+        ("evaluate.shift.angles", [0.0, 400.0], "evaluate.shift.angles.1: Input should be less"),
+        ("evaluate.ood.sets", ["animal_mnist", "animal_mnist"], "each OOD set once"),
+        ("report.bootstrap.resamples", 10, "report.bootstrap.resamples: Input should be"),
     ],
 )
 def test_bad_value_names_key(
@@ -108,6 +120,11 @@ def test_dswag_snapshots_need_not_fill_a_swag_predictor(default_raw: dict[str, A
         "dswa": {"trajectory": "dswag", "method": "swa"},
     }
     raw["finetune"].pop("fedavg_swag")
+    swag = raw["evaluate"]["landscape"]["swag"]
+    swag["trajectories"] = ["swag", "dswag"]
+    with pytest.raises(UserError, match=r"swag\.trajectories: 'dswag' has 1 snapshot"):
+        parse_params(raw)
+    swag["trajectories"] = ["swag"]
     params = parse_params(raw)
     assert params.finetune["dswag"].snapshots() == 1
     raw["evaluate"]["predictors"]["dswag"] = {"trajectory": "dswag", "method": "swag"}
@@ -180,6 +197,7 @@ def test_every_dvc_param_exists_in_params_yaml(default_raw: dict[str, Any]) -> N
             "finetune": default_raw["finetune"],
             "evaluate": default_raw["evaluate"]["predictors"],
             "plane": default_raw["evaluate"]["plane"]["trajectories"],
+            "line": default_raw["evaluate"]["landscape"]["lines"],
         }
         for key in keys:
             # A value interpolated from params (not the foreach item) is resolved first.

@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 from dswag_workers import make_net, make_splits, problem_spec, rank_main, run_spec, trajectory
-from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, sh, small_params
+from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, prune_landscape, sh, small_params
 from torch.nn.utils import parameters_to_vector
 
 from bayesavg import dswag
@@ -647,6 +647,7 @@ def test_dvc_repro_on_one_and_two_processes_writes_the_same_posterior(tmp_path: 
     raw["finetune"]["dswag"]["phase2"]["client_fraction"] = 0.75
     raw["evaluate"]["predictors"] = {"dswag": {"trajectory": "dswag", "method": "swag"}}
     raw["evaluate"]["plane"]["trajectories"] = []
+    prune_landscape(raw)
     parse_params(yaml.safe_load(yaml.safe_dump(raw)))
     (tmp_path / "repo").mkdir()
     repo = make_repo(tmp_path / "repo", raw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bayesavg.intervals import FULL, mcnemar, paired_bootstrap, resample_counts
+from bayesavg.intervals import FULL, bootstrap, mcnemar, paired_bootstrap, resample_counts
 from bayesavg.metrics import ece
 
 
@@ -93,3 +93,31 @@ def test_bad_input_is_one_clear_error() -> None:
         paired_bootstrap("auc", a, b, y)
     with pytest.raises(ValueError, match="for 299 labels"):
         paired_bootstrap("nll", a, b, y[:-1])
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "nll", "brier", "ece"])
+def test_single_bootstrap_equals_resampling_by_hand(metric: str) -> None:
+    """A predictor's own interval: the metric recomputed on each resample, percentiles."""
+    a, _, y = _case(6)
+    resamples, seed = 40, 2
+    got = bootstrap(metric, a, y, resamples=resamples, seed=seed, level=0.9)
+    values = []
+    for row in resample_counts(len(y), resamples, seed):
+        idx = torch.repeat_interleave(torch.arange(len(y)), row.long())
+        values.append(float(FULL[metric](a[idx], y[idx])))
+    brute = torch.tensor(values, dtype=torch.float64)
+    low, high = torch.quantile(brute, torch.tensor([0.05, 0.95], dtype=torch.float64))
+    assert got.low == pytest.approx(float(low), abs=1e-12)
+    assert got.high == pytest.approx(float(high), abs=1e-12)
+    assert got.value == pytest.approx(float(FULL[metric](a, y)), abs=1e-15)
+    assert got.low <= got.value <= got.high
+
+
+def test_single_bootstrap_is_seeded_and_narrows_with_more_points() -> None:
+    a, _, y = _case(7, n=2000)
+    one = bootstrap("nll", a, y, resamples=300, seed=1)
+    assert one == bootstrap("nll", a, y, resamples=300, seed=1)
+    small = bootstrap("nll", a[:200], y[:200], resamples=300, seed=1)
+    assert small.high - small.low > one.high - one.low
+    with pytest.raises(ValueError, match="unknown metric 'auc'"):
+        bootstrap("auc", a, y)

@@ -17,6 +17,8 @@ from bayesavg.landscape import (
     principal_directions,
     random_directions,
     ray,
+    ray_width,
+    train_loss_at,
     unit,
     width,
 )
@@ -144,3 +146,25 @@ def test_principal_directions_are_the_deviations_svd() -> None:
     assert std[0] > 3 * std[1] > 0
     with pytest.raises(ValueError, match="at least 2 deviations"):
         principal_directions({"deviations": torch.zeros(1, 30)}, 1)
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_ray_width_reuses_the_grid_and_equals_the_direct_bisection(batch_norm: bool) -> None:
+    net, probe = _net(batch_norm), _probe(batch_norm=batch_norm)
+    w0 = flat_parameters(net).clone()
+    d = random_directions(w0.numel(), 1, seed=4)[0]
+    grid = [0.0, 1.0, 2.0, 4.0, 8.0]
+    rows = ray(net, w0, d, grid, probe)
+    for row in rows:
+        moved = (w0.double() + row["distance"] * unit(d)).float()
+        assert train_loss_at(net, moved, probe) == row["train_loss"]
+
+    def direct(s: float) -> float:
+        return evaluate_at(net, (w0.double() + s * unit(d)).float(), probe)["train_loss"]
+
+    delta = 0.5 * (rows[-1]["train_loss"] - rows[0]["train_loss"])
+    assert delta > 0
+    found = ray_width(net, w0, d, rows, delta, probe)
+    assert found == pytest.approx(width(direct, delta, grid, tolerance=1e-3), rel=1e-9)
+    assert direct(found) == pytest.approx(rows[0]["train_loss"] + delta, abs=1e-2)
+    assert ray_width(net, w0, d, rows, 1e9, probe) is None

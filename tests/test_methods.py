@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from pipeline_repo import prune_landscape
 from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, parse_params
@@ -36,6 +37,7 @@ def _params(finetune: dict[str, Any], predictors: dict[str, Any], members: int =
     raw["evaluate"]["predictors"] = predictors
     raw["evaluate"]["plane"]["trajectories"] = []
     raw["evaluate"]["dswag_sweep"]["workers"] = []
+    prune_landscape(raw)
     return parse_params(raw)
 
 

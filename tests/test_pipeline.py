@@ -45,6 +45,10 @@ PREDICTORS = {
 }
 PLANES = ["hwa"]
 SWEEP = [1, 2]
+LINES = {"mc_swag": {"a": "mc_dropout", "b": "swag"}}
+RAYS = ["swag"]
+SWAG_DIRECTIONS = ["dswag"]
+SHIFTS = {"angles": [0.0, 90.0], "corruptions": ["shot_noise"], "n_points": 50}
 STAGES = {
     "data",
     "pretrain",
@@ -54,6 +58,9 @@ STAGES = {
     *(f"evaluate@{p}" for p in PREDICTORS),
     *(f"plane@{t}" for t in PLANES),
     *(f"dswag_sweep@{w}" for w in SWEEP),
+    *(f"line@{n}" for n in LINES),
+    *(f"rays@{t}" for t in RAYS),
+    *(f"swag_directions@{t}" for t in SWAG_DIRECTIONS),
 }
 
 
@@ -85,6 +92,19 @@ def tiny_params() -> dict[str, Any]:
     raw["evaluate"]["n_samples"] = 3
     raw["evaluate"]["predictors"] = PREDICTORS
     raw["evaluate"]["plane"].update(trajectories=PLANES, grid=5, n_points=200)
+    raw["evaluate"]["shift"].update(SHIFTS)
+    raw["evaluate"]["ood"]["n_points"] = 100
+    land = raw["evaluate"]["landscape"]
+    land.update(n_points=200, lines=LINES, t={"start": -1.0, "stop": 2.0, "points": 4})
+    land["rays"].update(
+        centres=RAYS, directions=2, distances={"start": 0.0, "stop": 20.0, "points": 3}
+    )
+    land["swag"].update(
+        trajectories=SWAG_DIRECTIONS,
+        offsets={"start": -2.0, "stop": 2.0, "points": 3},
+        sigma_multiples=[0.0, 1.0],
+        sigma_draws=2,
+    )
     return raw
 
 
@@ -171,6 +191,55 @@ def test_outputs(repo: Path) -> None:
     for pred in PREDICTORS:
         assert pred in html and pred in md
     assert not list((repo / "checkpoints").glob("*")), "finished stages delete their checkpoints"
+
+
+def test_shift_and_ood_outputs(repo: Path) -> None:
+    """Each predictor's shifts and OOD scores, and the per-point predictions behind them."""
+    import numpy as np
+
+    names = ["rotate_0", "rotate_90", "shot_noise"]
+    for pred in PREDICTORS:
+        metrics = json.loads((repo / "metrics" / f"{pred}.json").read_text())
+        assert list(metrics["shift"]) == names
+        for row in metrics["shift"].values():
+            assert set(row) == {"accuracy", "nll", "ece", "brier", "entropy"}
+        scores = metrics["ood"]["animal_mnist"]
+        assert set(scores) == {"msp", "entropy", "mutual_info"}
+        assert all(0 <= v["auroc"] <= 1 for v in scores.values())
+        with np.load(repo / "predictions" / f"{pred}.npz") as found:
+            assert found["log_probs"].shape == (1000, 10)
+            assert found["shift_y"].shape == (50,)
+            assert {f"shift.{n}" for n in names} <= set(found.files)
+            assert found["ood.animal_mnist.entropy"].shape == (100,)
+            assert found["ood.test.entropy"].shape == (1000,)
+            accuracy = (found["log_probs"].argmax(1) == found["y"]).mean()
+        assert accuracy == pytest.approx(metrics["accuracy"], abs=1e-12)
+
+
+def test_landscape_outputs(repo: Path) -> None:
+    """The line's end at the SWA mean is the swa predictor's own evaluation (BatchNorm
+    recomputed from the same images); rays and SWAG directions have their rows."""
+    import csv
+
+    def rows(path: Path) -> list[dict[str, float]]:
+        with path.open() as f:
+            return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+    line = rows(repo / "plots/landscape/line/mc_swag.csv")
+    assert [r["t"] for r in line] == [-1.0, 0.0, 1.0, 2.0]
+    swa = json.loads((repo / "metrics/swa.json").read_text())
+    end = next(r for r in line if r["t"] == 1.0)
+    assert 1 - end["test_error"] == swa["accuracy"]
+    assert end["test_nll"] == pytest.approx(swa["nll"], rel=1e-5)
+    summary = json.loads((repo / "metrics/landscape/line/mc_swag.json").read_text())
+    assert summary["a_centre"] == "weights" and summary["b_centre"] == "snapshot_mean"
+    ray = rows(repo / "plots/landscape/rays/swag.csv")
+    assert len(ray) == 2 * 3 and {r["distance"] for r in ray} == {0.0, 10.0, 20.0}
+    widths = json.loads((repo / "metrics/landscape/rays/swag.json").read_text())["widths"]
+    assert len(widths) == 2
+    folder = repo / "plots/landscape/swag/dswag"
+    assert len(rows(folder / "directions.csv")) == 2 * 3
+    assert len(rows(folder / "sigma_distance.csv")) == 2 * 2
 
 
 def _traced_stages(repo: Path, traces: Path) -> dict[str, dict[str, Any]]:

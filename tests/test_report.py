@@ -5,22 +5,63 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
-import os
 import re
-import subprocess
-import sys
+from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-from bayesavg.report import PlaneData, PredictorResult, ReportInputs, pair_predictors, write_report
+from bayesavg.intervals import Interval
+from bayesavg.report import (
+    PlaneData,
+    Predictions,
+    PredictorResult,
+    ReportInputs,
+    analyses,
+    pair_predictors,
+    style,
+    write_report,
+)
+from bayesavg.report.claims import Claim
 from bayesavg.report.document import Heading, Preformatted, TableBlock
-from bayesavg.report.figures import epoch_offset, finetune_curves_figure, plane_grid, sigma_figure
-from bayesavg.report.findings import PAIRS_NOTE, Cell, Table, claim_sections, comparison_lines
+from bayesavg.report.figures import (
+    epoch_offset,
+    finetune_curves_figure,
+    plane_grid,
+    reliability_layout,
+    samples_layout,
+    sigma_figure,
+    training_layout,
+)
+from bayesavg.report.findings import (
+    Cell,
+    Table,
+    baseline_lines,
+    effect,
+    metrics_note,
+    metrics_table,
+)
+from bayesavg.report.headline import claim_text, ranking_table
 from bayesavg.report.render import to_html, to_markdown
+from bayesavg.report.uncertainty import Settings, compute
 
 PNG_MAGIC = b"\x89PNG"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_analyses() -> Iterator[None]:
+    """The analyses section is another module's; these tests pin it to nothing."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(analyses, "draw", lambda inputs: {})
+        mp.setattr(analyses, "sections", lambda inputs, pngs: [])
+        mp.setattr(analyses, "claims", lambda inputs: [])
+        yield
+
+
 FIGURES = ("reliability", "samples", "training")
 NEW_FIGURES = ("finetune_curves", "sigma", "loss_plane")
 
@@ -160,24 +201,6 @@ def test_tables_list_every_predictor_with_percent_accuracy(
         assert f"<td>{run_id}</td>" in page
 
 
-def test_comparison_lines_are_honest(inputs: ReportInputs) -> None:
-    lines = comparison_lines(inputs)
-    assert len(lines) == 2 * 4
-    assert "swag improves NLL over map: 0.1234 vs 0.1500 (-0.0266)" in lines
-    assert any(line.startswith("swag does not improve accuracy over map") for line in lines)
-    assert any(line.startswith("swag does not improve ECE over map") for line in lines)
-    assert any(line.startswith("swa improves accuracy over map") for line in lines)
-    assert not any(line.startswith("map ") for line in lines)
-
-
-def test_comparison_lines_include_pairs(inputs: ReportInputs) -> None:
-    """swag beside swa (a pair), as well as both beside the map baseline."""
-    lines = comparison_lines(dataclasses.replace(inputs, pairs=[("swa", "swag"), ("map", "swa")]))
-    assert len(lines) == 3 * 4
-    assert "swag improves NLL over swa: 0.1234 vs 0.1400 (-0.0166)" in lines
-    assert "swag does not improve accuracy over swa: 97.00% vs 98.00% (-1.00 pp)" in lines
-
-
 def test_tempered_vi_is_labelled(
     inputs: ReportInputs, written: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -185,21 +208,6 @@ def test_tempered_vi_is_labelled(
     paths = write_report(dataclasses.replace(inputs, params=params), tmp_path)
     assert "tempered: KL weight 0.1" in paths["md"].read_text()
     assert "tempered" not in written["md"].read_text()
-
-
-def test_comparison_lines_without_baseline(inputs: ReportInputs) -> None:
-    lines = comparison_lines(dataclasses.replace(inputs, baseline="nope"))
-    assert len(lines) == 1 and "nope" in lines[0] and "not among" in lines[0]
-
-
-def test_findings_section_lists_comparison_lines(
-    inputs: ReportInputs, written: dict[str, Path]
-) -> None:
-    md = written["md"].read_text(encoding="utf-8")
-    page = written["html"].read_text(encoding="utf-8")
-    for line in comparison_lines(inputs):
-        assert f"- {line}" in md
-        assert f"<li>{line}</li>" in page
 
 
 def test_user_strings_are_escaped_in_html(inputs: ReportInputs, written: dict[str, Path]) -> None:
@@ -280,83 +288,6 @@ def _pair_inputs() -> ReportInputs:
         baseline="swag",
         pairs=[("swag", "fswag"), ("vi", "hwa")],
     )
-
-
-def _row(md: str, first: str, second: str) -> list[str]:
-    match = re.search(rf"^\| {first} \| {second} \| (.*) \|$", md, re.M)
-    assert match, (first, second)
-    return match[1].split(" | ")
-
-
-def test_claims_count_wins_and_not_ties() -> None:
-    sections = dict(claim_sections(_pair_inputs()))
-    assert list(sections) == ["HWA vs VI", "Flat-seeking variants vs their baselines"]
-    (flat,) = sections["Flat-seeking variants vs their baselines"]
-    assert flat.startswith(
-        "fswag beats swag on 2 of 5 (NLL, sharpness); not on accuracy, ECE, Brier (tied): "
-    )
-    assert "accuracy 96.50% vs 97.00% (-0.50 pp)" in flat
-    assert "NLL 0.1000 vs 0.1200 (-0.0200)" in flat and "sharpness 0.2000 vs 0.3000" in flat
-    assert "tr(H)" not in flat  # not one of the claimed metrics
-    (hwa,) = sections["HWA vs VI"]
-    assert hwa.startswith("hwa beats vi on 2 of 3 (accuracy, NLL); not on ECE: ")
-    assert "accuracy 96.00% vs 95.00% (+1.00 pp)" in hwa and "Brier" not in hwa
-    # The same pair judged on the F-variant metric set: sharpness is missing, not a loss.
-    (other,) = dict(claim_sections(dataclasses.replace(_pair_inputs(), pairs=[("hwa", "vi")])))[
-        "Other pairs"
-    ]
-    assert other.startswith("vi beats hwa on 1 of 4 (ECE); not on accuracy, NLL, Brier; ")
-    assert "not compared on sharpness (missing)" in other
-
-
-def test_grouped_table_has_deltas_signs_and_bold_improvements(tmp_path: Path) -> None:
-    paths = write_report(_pair_inputs(), tmp_path)
-    md = paths["md"].read_text(encoding="utf-8")
-    page = paths["html"].read_text(encoding="utf-8")
-    section = md.split("## Baselines and their counterparts")[1].split("## Findings")[0]
-    assert PAIRS_NOTE in section
-    assert _row(section, "swag", "reference") == [
-        "97.00",
-        "0.1200",
-        "0.0200",
-        "0.0400",
-        "0.3000",
-        "100",
-    ]
-    assert _row(section, "fswag", "vs swag") == [
-        "96.50 (-0.50)",
-        "**0.1000 (-0.0200)**",
-        "0.0250 (+0.0050)",
-        "0.0400 (+0.0000)",
-        "**0.2000 (-0.1000)**",
-        "**50 (-50)**",
-    ]
-    assert _row(section, "hwa", "vs vi") == [
-        "**96.00 (+1.00)**",
-        "**0.1500 (-0.0500)**",
-        "0.0150 (+0.0050)",
-        "**0.0600 (-0.0200)**",
-        "n/a",
-        "n/a",
-    ]
-    # Each reference is directly followed by its counterpart.
-    rows = re.findall(r"^\| (\w+) \| (reference|vs \w+) \|", section, re.M)
-    expected = [("swag", "reference"), ("fswag", "vs swag"), ("vi", "reference"), ("hwa", "vs vi")]
-    assert rows == expected
-    assert "<td><strong>0.1000 (-0.0200)</strong></td>" in page
-    assert "<td>96.50 (-0.50)</td>" in page
-    claims = md.split("## Claims as found")[1].split("## Figure")[0]
-    for _, lines in claim_sections(_pair_inputs()):
-        for line in lines:
-            assert f"- {line}" in claims
-            assert f"<li>{line}</li>" in page
-
-
-def test_no_pairs_says_so(written: dict[str, Path]) -> None:
-    md = written["md"].read_text(encoding="utf-8")
-    section = md.split("## Baselines and their counterparts")[1].split("## Findings")[0]
-    assert "No baseline/counterpart pairs" in section and "|" not in section
-    assert "No baseline/counterpart pairs" in md.split("## Claims as found")[1]
 
 
 def _vi_history(epochs: int, start_acc: float) -> list[dict[str, float]]:
@@ -612,10 +543,183 @@ def test_markdown_escapes_table_pipes_and_fences_verbatim_text() -> None:
     assert content.rows == [[("a|b", False), ("c", False)], [("x|y", True), ("z", False)]]
     assert content.pre == [notes]
     page = to_html(blocks)
-    assert "<td><strong>x|y</strong></td>" in page and f"<pre>{notes}</pre>" in page
+    assert "<td><strong>x|y</strong></td>" in page and f'<pre class="text">{notes}</pre>' in page
 
 
-def test_report_package_imports_without_torch() -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    code = "import bayesavg.report, sys; assert 'torch' not in sys.modules, 'torch imported'"
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+def _log_probs(y: np.ndarray, strength: float, seed: int) -> np.ndarray:
+    """Log-probabilities over 4 classes that favour the label by ``strength``."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(len(y), 4))
+    logits[np.arange(len(y)), y] += strength
+    return logits - np.log(np.exp(logits).sum(1, keepdims=True))
+
+
+def _with_predictions(inputs: ReportInputs) -> ReportInputs:
+    """map; swa = map with one test image flipped to right (noise); swag much sharper."""
+    y = np.random.default_rng(0).integers(0, 4, 1000)
+    base = _log_probs(y, 1.5, 1)
+    flipped = base.copy()
+    wrong = int(np.flatnonzero(base.argmax(1) != y)[0])
+    flipped[wrong] = np.log(np.full(4, 0.01 / 3))
+    flipped[wrong, y[wrong]] = np.log(0.99)
+    found = {"map": base, "swa": flipped, "swag": _log_probs(y, 4.0, 1)}
+    predictors = [
+        dataclasses.replace(p, predictions=Predictions(y=y, log_probs=found[p.name]))
+        for p in inputs.predictors
+    ]
+    bootstrap = {"report": {"bootstrap": {"resamples": 500, "seed": 1}}}
+    return dataclasses.replace(inputs, predictors=predictors, params={**inputs.params, **bootstrap})
+
+
+@pytest.fixture(scope="module")
+def predicted() -> ReportInputs:
+    return _with_predictions(_inputs())
+
+
+def test_effect_calls_a_difference_within_its_interval_noise() -> None:
+    noise = Interval("nll", 0.003, -0.009, 0.015, 0.95, 2000)
+    assert effect(noise) == "NLL within noise (+0.0030 ± 0.0120)"
+    better = Interval("nll", -0.059, -0.078, -0.041, 0.95, 2000)
+    assert effect(better) == "improves NLL by 0.0590 (95% CI 0.0410-0.0780)"
+    worse = Interval("accuracy", -0.012, -0.02, -0.004, 0.95, 2000)
+    assert effect(worse, "McNemar p = 0.01") == (
+        "worsens accuracy by 1.20 pp (95% CI 0.40-2.00 pp; McNemar p = 0.01)"
+    )
+
+
+def test_comparisons_use_paired_intervals(predicted: ReportInputs) -> None:
+    unc = compute(predicted)
+    assert unc.settings == Settings(resamples=500, seed=1)
+    swa, swag = baseline_lines(predicted, unc)
+    # One more right image of 1,000 (+0.10 pp) is noise, never an improvement.
+    assert swa.startswith("swa vs map: ") and "improves" not in swa
+    assert "accuracy within noise (+0.10 ±" in swa and "McNemar p = 1" in swa
+    assert "improves NLL by" in swag and "improves accuracy by" in swag
+    assert swag.index("improves") < swag.index("McNemar")
+    lines = baseline_lines(_inputs(), compute(_inputs()))
+    assert all("no per-point predictions, so no interval and no verdict" in x for x in lines)
+
+
+def test_every_metric_cell_carries_its_interval(predicted: ReportInputs) -> None:
+    unc = compute(predicted)
+    table = metrics_table(predicted.predictors, unc)
+    cells = [row[4:8] for row in table.rows]
+    interval = re.compile(r"^-?[\d.]+ \[-?[\d.]+, -?[\d.]+\]$")
+    assert all(interval.match(c.text) for row in cells for c in row)
+    for p, row in zip(predicted.predictors, table.rows, strict=True):
+        nll = unc.estimate(p.name, "nll")
+        assert nll is not None and nll.low <= nll.value <= nll.high
+        assert row[5].text.startswith(f"{nll.value:.4f} [")
+    plain = metrics_table(_inputs().predictors, compute(_inputs()))
+    assert not any("[" in c.text for row in plain.rows for c in row)
+    assert "No interval for map, swa, swag" in metrics_note(
+        _inputs().predictors, compute(_inputs())
+    )
+
+
+def test_headline_comes_first_ranked_by_nll(predicted: ReportInputs, tmp_path: Path) -> None:
+    unc = compute(predicted)
+    table = ranking_table(predicted, unc)
+    names = [row[1].text for row in table.rows]
+    values = [float(row[2].text.split()[0]) for row in table.rows]
+    assert values == sorted(values) and names[0] == "swag"
+    assert table.rows[names.index("map")][4].text == "baseline"
+    assert table.rows[0][4] == Cell("better", True)
+    md = write_report(predicted, tmp_path)["md"].read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", md, re.M)
+    assert headings[0] == "Headline" and headings[-3:] == ["Tuning", "Parameters", "MLflow runs"]
+
+
+def test_headline_lists_every_claim(
+    predicted: ReportInputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claim = Claim("Some paper", "Averaging helps under shift", False, "gap +0.01 [-0.02, 0.04]")
+    monkeypatch.setattr(analyses, "claims", lambda inputs: [claim])
+    monkeypatch.setattr(analyses, "sections", lambda inputs, pngs: [Heading(2, "Dataset shift")])
+    pairs = dataclasses.replace(predicted, pairs=[("swa", "swag")])
+    md = write_report(pairs, tmp_path)["md"].read_text(encoding="utf-8")
+    headline = md.split("## Headline")[1].split("\n## ")[0]
+    assert f"- {claim_text(claim)}" in headline
+    assert claim_text(claim).startswith("[does not hold] Some paper: ")
+    order = re.findall(r"^## (.+)$", md, re.M)
+    assert order.index("Comparisons") < order.index("Dataset shift") < order.index("Tuning")
+    assert "swag vs swa: " in md.split("### Counterparts against their references")[1]
+
+
+def _legends_inside(fig: Figure) -> bool:
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = fig.bbox
+    renderer = canvas.get_renderer()
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    extents = [legend.get_window_extent(renderer) for legend in legends]
+    return bool(legends) and all(
+        e.x0 >= box.x0 - 1 and e.x1 <= box.x1 + 1 and e.y0 >= box.y0 - 1 and e.y1 <= box.y1 + 1
+        for e in extents
+    )
+
+
+def _family_inputs() -> ReportInputs:
+    """Three families, each F-variant beside its reference; the baseline in none."""
+    m = {"accuracy": 0.97, "nll": 0.12, "ece": 0.02, "ece15": 0.02, "brier": 0.04}
+    spec = [
+        ("map", "map", "sgd"),
+        ("swag", "swag", "swag"),
+        ("fswag", "swag", "fswag"),
+        ("vi", "vi", "vi"),
+        ("hwa", "hwa", "hwa"),
+        ("sgld", "sgld", "sgld"),
+        ("f_sgld", "sgld", "f_sgld"),
+    ]
+    finetune = {t: {"sam_rho": 0.05 if t.startswith("f") else 0.0} for _, _, t in spec}
+    finetune["vi"]["kind"] = finetune["hwa"]["kind"] = "vi"
+    return dataclasses.replace(
+        _inputs(),
+        predictors=[_predictor(n, 0.5, m, 4, meth, t) for n, meth, t in spec],
+        pairs=[("swag", "fswag"), ("sgld", "f_sgld"), ("vi", "hwa")],
+        params={"finetune": finetune},
+        histories={
+            "pretrain": _history(3, 1.0),
+            "swag": _history(2, 0.3),
+            "vi": [{**r, "train_loss": 50.0 + r["train_loss"]} for r in _history(2, 1.0)],
+        },
+    )
+
+
+def test_figures_are_small_multiples_with_legends_on_the_canvas() -> None:
+    inputs = _family_inputs()
+    families = style.families(inputs)
+    assert list(families) == ["SWA / SWAG", "VI / HWA", "SGLD"]
+    reliability = reliability_layout(inputs)
+    panels = [ax for ax in reliability.axes if ax.axison]
+    assert [ax.get_title() for ax in panels] == list(families)
+    for ax, members in zip(panels, families.values(), strict=True):
+        labels = [text.get_text().split(" (")[0] for text in ax.get_legend().get_texts()]
+        assert labels == ["map", *(p.name for p in members)]
+    samples = samples_layout(inputs)
+    assert len([ax for ax in samples.axes if ax.axison]) == 3 * len(families)
+    colours = style.colours(inputs)
+    swag_ax = panels[0]
+    lines = {line.get_label(): line for line in swag_ax.lines}
+    assert lines["fswag (ECE 0.020)"].get_color() == lines["swag (ECE 0.020)"].get_color()
+    assert lines["fswag (ECE 0.020)"].get_linestyle() == "--"
+    assert colours["map"] == style.BASELINE_COLOUR
+    for fig in (reliability, samples, training_layout(inputs)):
+        assert _legends_inside(fig)
+
+
+def test_training_keeps_an_elbo_off_the_cross_entropy_axis() -> None:
+    fig = training_layout(_family_inputs())
+    loss_axes = [ax for ax in fig.axes if ax.get_title().endswith(": train loss")]
+    elbo = [ax for ax in loss_axes if "ELBO" in ax.get_title()]
+    assert len(elbo) == 1 and len(loss_axes) == 2
+    for ax in loss_axes:
+        runs = [line for line in ax.lines if line.get_marker() == "."]  # not the epoch marker
+        values = [y for line in runs for y in line.get_ydata()]
+        assert (min(values) > 40) == (ax in elbo), ax.get_title()
+
+
+def test_html_wraps_long_text_and_scrolls_wide_tables(written: dict[str, Path]) -> None:
+    page = written["html"].read_text(encoding="utf-8")
+    assert "white-space:pre-wrap" in page and "img{max-width:100%" in page
+    assert page.count('<div class="scroll"><table>') == page.count("<table>")

@@ -13,7 +13,14 @@ import re
 from pathlib import Path
 
 import pytest
-from test_report import PNG_MAGIC, _HtmlContent, _inputs, _markdown_content, _predictor
+from test_report import (
+    PNG_MAGIC,
+    _HtmlContent,
+    _inputs,
+    _markdown_content,
+    _predictor,
+    no_analyses,  # noqa: F401 (autouse: the analyses section pinned to nothing)
+)
 
 from bayesavg.report import ReportInputs, SweepPoint, write_report
 from bayesavg.report.distributed import (
@@ -29,7 +36,7 @@ from bayesavg.report.figures import (
     dswag_rounds_figure,
     dswag_sigma_figure,
     dswag_workers_figure,
-    reliability_figure,
+    reliability_layout,
     run_offset,
 )
 
@@ -325,12 +332,13 @@ def test_training_figure_places_runs_by_their_start() -> None:
     assert run_offset("unknown", FINETUNE, histories) == 5  # no params: after pretraining
 
 
-def test_many_predictors_get_one_reliability_panel_each() -> None:
-    predictors = _dswag_inputs().predictors
-    assert len(predictors) == 5
-    grid, overlay = reliability_figure(predictors), reliability_figure(predictors[:4])
-    assert grid is not None and overlay is not None and grid != overlay
-    assert grid.startswith(PNG_MAGIC)
+def test_distributed_predictors_share_one_reliability_panel() -> None:
+    """The dswag trajectory and the one that starts from it form the distributed family."""
+    inputs = _dswag_inputs()
+    fig = reliability_layout(inputs)
+    assert fig is not None
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible() and ax.axison]
+    assert "Distributed (DSWAG)" in titles
 
 
 def test_targets_not_reached_are_not_ordered() -> None:

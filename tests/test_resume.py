@@ -19,7 +19,16 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from pipeline_repo import DVC, PYTHON, default_params, env, make_repo, sh, small_params
+from pipeline_repo import (
+    DVC,
+    PYTHON,
+    default_params,
+    env,
+    make_repo,
+    prune_landscape,
+    sh,
+    small_params,
+)
 
 from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import parse_params
@@ -179,6 +188,7 @@ def kill_params() -> dict[str, Any]:
     raw["evaluate"]["predictors"] = {"swa": {"trajectory": "swag", "method": "swa"}}
     raw["evaluate"]["plane"]["trajectories"] = ["hwa"]
     raw["evaluate"]["dswag_sweep"]["workers"] = []
+    prune_landscape(raw)
     return raw
 
 

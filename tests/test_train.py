@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from pipeline_repo import prune_landscape
 
 from bayesavg.config import parse_params
 from bayesavg.errors import UserError
@@ -126,6 +127,7 @@ def _svi_params() -> Any:
     }
     raw["evaluate"]["plane"]["trajectories"] = ["hwa"]
     raw["evaluate"]["dswag_sweep"]["workers"] = []
+    prune_landscape(raw)
     raw["evaluate"]["predictors"] = {
         "vi": {"trajectory": "vi", "method": "vi"},
         "hwa": {"trajectory": "hwa", "method": "hwa"},

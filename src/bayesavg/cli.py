@@ -87,10 +87,10 @@ def _parser() -> argparse.ArgumentParser:
 def _evaluate(args: argparse.Namespace) -> None:
     from .data import load_eval_split
     from .evaluate import bn_subset, evaluate
+    from .extra_sets import ood_images, shifted
     from .io import write_csv, write_json
-    from .ood_data import OOD_SETS, load_ood
     from .posterior_file import load_posterior
-    from .seeding import derive_seed, resolve_device
+    from .seeding import resolve_device
     from .shift import parse as shift_by_name
 
     if args.predictor not in REGISTRY:
@@ -128,25 +128,18 @@ def _evaluate(args: argparse.Namespace) -> None:
         )
         bn_x = posterior.model_input(part.x, device)
     splits = {"test": (posterior.model_input(test.x, device), test.y)}
-    for name in dict.fromkeys(args.shift):
-        try:
-            shifted = shift_by_name(name).apply(test.x, derive_seed(d["seed"], "shift"))
-        except ValueError as err:
-            raise UserError(f"--shift: {err}") from None
-        splits[f"shift.{name}"] = (posterior.model_input(shifted, device), test.y)
-    ood = {}
-    for spec in dict.fromkeys(args.ood):
-        images = (
-            load_ood(spec).x
-            if spec in OOD_SETS
-            else load_eval_split(spec, *split_args, "test", *fractions).x
+    try:
+        shifts = [shift_by_name(name) for name in dict.fromkeys(args.shift)]
+    except ValueError as err:
+        raise UserError(f"--shift: {err}") from None
+    for name, images in shifted(test.x, shifts, d["seed"]).items():
+        splits[f"shift.{name}"] = (posterior.model_input(images, device), test.y)
+    ood = {
+        spec: posterior.model_input(
+            ood_images(spec, posterior.input_shape, args.raw_dir, fractions), device
         )
-        if tuple(images.shape[1:]) != tuple(posterior.input_shape):
-            raise UserError(
-                f"--ood {spec}: images of shape {tuple(images.shape[1:])}, the posterior's "
-                f"network takes {tuple(posterior.input_shape)}"
-            )
-        ood[spec] = posterior.model_input(images, device)
+        for spec in dict.fromkeys(args.ood)
+    }
     results = evaluate(
         posterior,
         args.predictor,

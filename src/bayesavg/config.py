@@ -374,6 +374,9 @@ class Predictor(_Section):
         return REGISTRY[self.method].default_scale
 
 
+_SIGMA_MULTIPLES = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
 class SharpnessParams(_Section):
     """Sharpness at each predictor's centre, on a fixed subset of the training data."""
 
@@ -402,9 +405,7 @@ class DSWAGSweep(_Section):
     workers: list[PosInt] = Field(default_factory=list)
     rounds: PosInt = 40
     target_accuracy: Annotated[float, Field(gt=0, le=1)] = 0.95
-    sigma_multiples: list[NonNegFloat] = Field(
-        default_factory=lambda: [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
-    )
+    sigma_multiples: list[NonNegFloat] = Field(default_factory=lambda: list(_SIGMA_MULTIPLES))
     sigma_draws: PosInt = 5
 
     @model_validator(mode="after")
@@ -416,11 +417,122 @@ class DSWAGSweep(_Section):
         return self
 
 
+class ShiftParams(_Section):
+    """Dataset shift: rotations and MNIST-C-style corruptions of a fixed seeded subset of
+    the test split, predicted in the same forward pass as the clean split."""
+
+    angles: list[Annotated[float, Field(ge=0, le=360)]] = Field(
+        default_factory=lambda: [float(a) for a in range(0, 181, 15)]
+    )
+    corruptions: list[str] = Field(
+        default_factory=lambda: [
+            "shot_noise",
+            "impulse_noise",
+            "translate",
+            "shear",
+            "scale",
+            "brightness",
+            "stripe",
+        ]
+    )
+    severity: Annotated[int, Field(ge=1, le=5)] | None = None  # None: each corruption's own
+    n_points: PosInt = 200  # the names are checked against bayesavg.shift by stage validate
+
+
+class OODParams(_Section):
+    """Out-of-distribution sets scored against the clean test split (OOD the positive class):
+    a packaged set (animal_mnist) or any dataset spec's test split (fashion_mnist,
+    imagefolder:<DIR>); ``n_points`` images of each, a fixed seeded subset."""
+
+    sets: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=lambda: ["animal_mnist"]
+    )
+    n_points: PosInt = 1000
+
+    @model_validator(mode="after")
+    def _check(self) -> OODParams:
+        if len(set(self.sets)) != len(self.sets):
+            raise ValueError("sets: each OOD set once")
+        return self
+
+
+class LineSpec(_Section):
+    """A line w(t) = w_a + t (w_b - w_a) between two trajectories' centres."""
+
+    a: Annotated[str, Field(pattern=_NAME)]
+    b: Annotated[str, Field(pattern=_NAME)]
+
+
+class Grid(_Section):
+    start: float
+    stop: float
+    points: Annotated[int, Field(ge=2)]
+
+    @model_validator(mode="after")
+    def _check(self) -> Grid:
+        if not self.stop > self.start:
+            raise ValueError("stop: must exceed start")
+        return self
+
+    def values(self) -> list[float]:
+        step = (self.stop - self.start) / (self.points - 1)
+        return [round(self.start + i * step, 12) for i in range(self.points)]
+
+
+class RaysParams(_Section):
+    """Seeded random rays w(s) = w_0 + s d / |d| from each centre, the same d for all."""
+
+    centres: list[Annotated[str, Field(pattern=_NAME)]] = Field(default_factory=list)
+    directions: PosInt = 3
+    distances: Grid = Grid(start=0.0, stop=20.0, points=11)
+    filter_normalise: bool = False
+    delta: PosFloat = 0.1  # width: distance where the train loss first rises by delta
+
+    @model_validator(mode="after")
+    def _check(self) -> RaysParams:
+        if self.distances.start != 0:
+            raise ValueError("distances.start: rays start at the centre (0)")
+        return self
+
+
+class SwagDirectionsParams(_Section):
+    """For each SWAG-kind trajectory: the loss along its top principal directions (in
+    multiples of the standard deviation along each) and the test accuracy at
+    theta_bar + m sigma * z (``sigma_draws`` seeded z per multiple m)."""
+
+    trajectories: list[Annotated[str, Field(pattern=_NAME)]] = Field(default_factory=list)
+    directions: PosInt = 2
+    offsets: Grid = Grid(start=-10.0, stop=10.0, points=11)
+    sigma_multiples: list[NonNegFloat] = Field(default_factory=lambda: list(_SIGMA_MULTIPLES))
+    sigma_draws: PosInt = 5
+
+
+class LandscapeParams(_Section):
+    """Loss-landscape geometry (ALGORITHMS §6: BatchNorm recomputed at every point): train
+    loss on ``n_points`` fixed training images, test error and NLL on the test split."""
+
+    n_points: PosInt = 1000
+    t: Grid = Grid(start=-1.0, stop=2.0, points=31)
+    lines: dict[str, LineSpec] = Field(default_factory=dict)
+    rays: RaysParams = RaysParams()
+    swag: SwagDirectionsParams = SwagDirectionsParams()
+
+    @model_validator(mode="after")
+    def _check(self) -> LandscapeParams:
+        for name in self.lines:
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"lines.{name}: line names are lower-case identifiers")
+        return self
+
+
 class EvaluateParams(_Section):
     n_samples: PosInt = 30
     sharpness: SharpnessParams = SharpnessParams()
     plane: PlaneParams = PlaneParams()
     dswag_sweep: DSWAGSweep = DSWAGSweep()
+    shift: ShiftParams = ShiftParams()
+    ood: OODParams = OODParams()
+    landscape: LandscapeParams = LandscapeParams()
     batch_size: PosInt = 1000
     bn_update_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     ece_bins: Annotated[int, Field(ge=2)] = 20
@@ -441,9 +553,17 @@ class TrackingParams(_Section):
     experiment: Annotated[str, Field(min_length=1)] = "bayesavg"
 
 
+class BootstrapParams(_Section):
+    """Paired bootstrap over test points for every comparison in the report."""
+
+    resamples: Annotated[int, Field(ge=100)] = 2000
+    seed: NonNegInt = 0
+
+
 class ReportParams(_Section):
     title: Annotated[str, Field(min_length=1)] = "bayesavg report"
     notes: str = ""
+    bootstrap: BootstrapParams = BootstrapParams()
 
 
 class Params(_Section):
@@ -550,7 +670,39 @@ class Params(_Section):
                     f"finetune.{pred.trajectory}.collect.start_epoch: {key} needs >= 2 "
                     "snapshots; collect from an earlier epoch or set collect.every"
                 )
+        self._check_landscape()
         return self
+
+    def _check_landscape(self) -> None:
+        """Every landscape entry names a trajectory with a centre (an ensemble has none)."""
+        land = self.evaluate.landscape
+        named = [
+            *(
+                (f"evaluate.landscape.lines.{n}.{end}", getattr(spec, end))
+                for n, spec in land.lines.items()
+                for end in ("a", "b")
+            ),
+            *(("evaluate.landscape.rays.centres", t) for t in land.rays.centres),
+        ]
+        for key, name in named:
+            traj = self.finetune.get(name)
+            if traj is None or "members" in traj.provides():
+                raise ValueError(
+                    f"{key}: {name!r} is not a finetune trajectory with one centre "
+                    "(an ensemble has none)"
+                )
+        for name in land.swag.trajectories:
+            traj = self.finetune.get(name)
+            if traj is None or "snapshots" not in traj.provides():
+                raise ValueError(
+                    f"evaluate.landscape.swag.trajectories: {name!r} is not a finetune "
+                    "trajectory that collects SWAG snapshots"
+                )
+            if isinstance(traj, DSWAGTrajectory) and traj.snapshots() < 2:
+                raise ValueError(
+                    f"evaluate.landscape.swag.trajectories: {name!r} has {traj.snapshots()} "
+                    "snapshot; principal directions need >= 2"
+                )
 
     def dropout_of(self, trajectory: str) -> float:
         """The dropout rate a trajectory trains with: its own, its start's, or the model's."""

@@ -38,13 +38,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Evaluation:
     """One split's results. ``ood``: for the split OOD sets were scored against, per OOD set
-    and score, AUROC, AUPR-In, AUPR-Out and FPR at 95% TPR (OOD the positive class)."""
+    and score, AUROC, AUPR-In, AUPR-Out and FPR at 95% TPR (OOD the positive class);
+    ``ood_scores``: the per-point scores behind them, for that split and each OOD set."""
 
     metrics: dict[str, float]
     reliability: Reliability
     by_samples: list[dict[str, float]]
     log_probs: torch.Tensor
     ood: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    ood_scores: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def method_of(name: str) -> Method:
@@ -174,15 +176,18 @@ def evaluate(
         for split, bma, y in zip(names, bmas, ys, strict=True)
     }
     if scorers:
-        reference = scorers.pop(ood_reference).scores()
+        scores = {key: scorer.scores() for key, scorer in scorers.items()}
+        reference = scores[ood_reference]
         found = {
             key: {
                 score: {m: float(v) for m, v in metrics.items()}
-                for score, metrics in ood_metrics(reference, scorer.scores()).items()
+                for score, metrics in ood_metrics(reference, scores[key]).items()
             }
-            for key, scorer in scorers.items()
+            for key in ood
         }
-        results[ood_reference] = dataclasses.replace(results[ood_reference], ood=found)
+        results[ood_reference] = dataclasses.replace(
+            results[ood_reference], ood=found, ood_scores=scores
+        )
     return results
 
 

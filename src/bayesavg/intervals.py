@@ -118,12 +118,60 @@ def paired_bootstrap(
     else:
         per_point = PER_POINT[metric]
         diffs = counts @ (per_point(b, y) - per_point(a, y)) / y.shape[0]
-    full = FULL[metric]
+    diff = _full(metric, b, y, ece_bins) - _full(metric, a, y, ece_bins)
+    low, high = _percentiles(diffs, level)
+    return Interval(metric, diff, low, high, level, resamples)
+
+
+def _full(metric: str, log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int) -> float:
     args = {"n_bins": ece_bins} if metric == "ece" else {}
-    diff = float(full(b, y, **args) - full(a, y, **args))
+    return float(FULL[metric](log_probs, y, **args))
+
+
+def _percentiles(values: torch.Tensor, level: float) -> tuple[float, float]:
     tail = (1 - level) / 2
-    low, high = torch.quantile(diffs, torch.tensor([tail, 1 - tail], dtype=torch.float64))
-    return Interval(metric, diff, float(low), float(high), level, resamples)
+    low, high = torch.quantile(values, torch.tensor([tail, 1 - tail], dtype=torch.float64))
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A metric of one predictor on all points, and its ``level`` percentile interval."""
+
+    metric: str
+    value: float
+    low: float
+    high: float
+    level: float
+    resamples: int
+
+
+def bootstrap(
+    metric: str,
+    log_probs: torch.Tensor,
+    y: torch.Tensor,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    ece_bins: int = 20,
+) -> Estimate:
+    """The percentile bootstrap interval of one predictor's metric over the test points.
+
+    The same seed draws the same resamples as ``paired_bootstrap``, so a
+    predictor's interval and its comparisons rest on the same resampled sets.
+    """
+    if metric not in FULL:
+        raise ValueError(f"unknown metric {metric!r}; one of {', '.join(FULL)}")
+    lp, y = log_probs.cpu(), y.cpu()
+    if lp.shape[0] != y.shape[0]:
+        raise ValueError(f"log-probabilities {tuple(lp.shape)} for {len(y)} labels")
+    counts = resample_counts(y.shape[0], resamples, seed)
+    if metric == "ece":
+        values = _weighted_ece(lp, y, counts, ece_bins)
+    else:
+        values = counts @ PER_POINT[metric](lp, y) / y.shape[0]
+    low, high = _percentiles(values, level)
+    return Estimate(metric, _full(metric, lp, y, ece_bins), low, high, level, resamples)
 
 
 def mcnemar(correct_a: torch.Tensor, correct_b: torch.Tensor) -> float:

@@ -69,6 +69,40 @@ def evaluate_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> dict[str
     }
 
 
+@torch.no_grad()
+def train_loss_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> float:
+    """The data term of the train loss alone at ``theta`` (BatchNorm recomputed): what a
+    width's bisection needs, at half the cost of ``evaluate_at``."""
+    vector_to_parameters(theta.to(next(model.parameters())), model.parameters())
+    if probe.bn_x is not None and bn_modules(model):
+        update_bn(model, probe.bn_x, probe.batch_size)
+    model.eval()
+    loss, _ = loss_and_accuracy(model, Tensors(probe.train_x, probe.train_y), probe.batch_size)
+    return loss.item()
+
+
+def ray_width(
+    model: nn.Module,
+    theta0: torch.Tensor,
+    direction: torch.Tensor,
+    rows: Sequence[dict[str, float]],
+    delta: float,
+    probe: Probe,
+    tolerance: float = 1e-3,
+) -> float | None:
+    """``width`` along a ray whose grid rows (from ``ray``) are already evaluated: only the
+    bisection's points cost a forward pass."""
+    known = {row["distance"]: row["train_loss"] for row in rows}
+    u, w0 = unit(direction), theta0.double()
+
+    def loss_at(s: float) -> float:
+        if s in known:
+            return known[s]
+        return train_loss_at(model, (w0 + s * u).to(theta0.dtype), probe)
+
+    return width(loss_at, delta, sorted(known), tolerance)
+
+
 def line(
     model: nn.Module,
     theta_a: torch.Tensor,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import UserError
-from .methods import METHODS, PROVIDES, Method
+from .methods import METHODS, PROVIDES, REGISTRY, Method
 from .models import has_dropout
 from .posterior_file import PosteriorFile
 from .posteriors import HWA, SWAG
@@ -203,6 +203,31 @@ CENTRES: dict[str, Callable[[PosteriorFile, Method], list[Network]]] = {
     "samples_mean": _centre_samples_mean,
     "members": _centre_members,
 }
+
+
+# A trajectory's one centre, by what its file provides (most specific first).
+_TRAJECTORY_CENTRES = (
+    ("hwa", "hwa_mean"),
+    ("snapshots", "snapshot_mean"),
+    ("samples", "samples_mean"),
+)
+
+
+def trajectory_centre(posterior: PosteriorFile) -> tuple[str, torch.Tensor]:
+    """The centre of a trajectory's posterior (where landscapes are probed from) and its
+    kind: the HWA mean, the SWA mean of the snapshots, the mean of the SGLD samples, or
+    else the final weights (the SGD iterate, VI's mu). An ensemble has no one centre."""
+    provides = posterior.provides()
+    if "members" in provides:
+        raise UserError(
+            f"trajectory {posterior.trajectory!r} is an ensemble: its members sit in different "
+            "basins and have no one centre"
+        )
+    kind = next((c for need, c in _TRAJECTORY_CENTRES if need in provides), "weights")
+    if kind == "weights":
+        return kind, posterior.theta
+    theta, _ = CENTRES[kind](posterior, REGISTRY["map"])[0]
+    return kind, theta
 
 
 def centres(posterior: PosteriorFile, method: Method) -> list[Network]:

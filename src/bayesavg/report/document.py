@@ -2,66 +2,34 @@
 
 Every section is written here once; the two renderers only decide how a
 block looks, so the HTML page and the Markdown twin cannot drift apart.
+The block types live in ``blocks`` (re-exported here), so that section
+modules such as ``analyses`` can build blocks without an import cycle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import yaml
 
-from . import distributed, findings
+from . import distributed, findings, headline
+from .blocks import Block, Bullets, FigureBlock, Heading, Paragraph, Preformatted, TableBlock
 from .figures import FIGURES
 from .findings import Cell, Table
 from .inputs import ReportInputs
+from .uncertainty import Uncertainty, compute
 
+__all__ = [
+    "Block",
+    "Bullets",
+    "FigureBlock",
+    "Heading",
+    "Paragraph",
+    "Preformatted",
+    "TableBlock",
+    "build",
+]
 
-@dataclass(frozen=True)
-class Heading:
-    level: int
-    text: str
-    kind: str = "heading"
-
-
-@dataclass(frozen=True)
-class Paragraph:
-    text: str
-    kind: str = "paragraph"
-
-
-@dataclass(frozen=True)
-class Bullets:
-    items: list[str]
-    kind: str = "bullets"
-
-
-@dataclass(frozen=True)
-class TableBlock:
-    table: Table
-    kind: str = "table"
-
-
-@dataclass(frozen=True)
-class FigureBlock:
-    """A PNG shown with its caption; ``name`` is also its file stem under figures/."""
-
-    name: str
-    png: bytes
-    caption: str
-    kind: str = "figure"
-
-
-@dataclass(frozen=True)
-class Preformatted:
-    """Verbatim text (notes, params); ``lang`` tags the Markdown fence."""
-
-    text: str
-    lang: str
-    kind: str = "pre"
-
-
-Block = Heading | Paragraph | Bullets | TableBlock | FigureBlock | Preformatted
 
 # Tables that give a figure's key numbers in text, shown right under the figure.
 _FIGURE_TABLES: dict[str, Callable[[ReportInputs], Table | None]] = {
@@ -93,31 +61,33 @@ def _distributed(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
     ]
 
 
-def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
-    """Every section in report order; ``pngs`` holds the figures that have data."""
+def _comparisons(inputs: ReportInputs, unc: Uncertainty) -> list[Block]:
+    """Every predictor against the baseline, then every counterpart against its reference."""
+    pairs = findings.pair_lines(inputs, unc)
+    return [
+        Heading(2, "Comparisons"),
+        Paragraph(findings.COMPARISONS_NOTE),
+        Heading(3, f"Against the baseline {inputs.baseline}"),
+        _bullets(findings.baseline_lines(inputs, unc), "No other predictor."),
+        Heading(3, "Counterparts against their references"),
+        _bullets(pairs, findings.NO_PAIRS),
+    ]
+
+
+def _metrics(inputs: ReportInputs, unc: Uncertainty) -> list[Block]:
     blocks: list[Block] = [
-        Heading(1, inputs.title),
-        Paragraph(findings.summary(inputs)),
         Heading(2, "Metrics"),
-        TableBlock(findings.metrics_table(inputs.predictors)),
-        Heading(2, "Baselines and their counterparts"),
+        Paragraph(findings.metrics_note(inputs.predictors, unc)),
+        TableBlock(findings.metrics_table(inputs.predictors, unc)),
     ]
-    pairs = findings.pairs_table(inputs)
-    if pairs is None:
-        blocks.append(Paragraph(findings.NO_PAIRS))
-    else:
-        blocks += [Paragraph(findings.PAIRS_NOTE), TableBlock(pairs)]
-    blocks += [
-        Heading(2, "Findings"),
-        _bullets(findings.comparison_lines(inputs), "No findings."),
-        Heading(2, "Claims as found"),
-    ]
-    claims = findings.claim_sections(inputs)
-    if not claims:
-        blocks.append(Paragraph(findings.NO_PAIRS))
-    for title, lines in claims:
-        blocks += [Heading(3, title), Bullets(lines)]
-    blocks += _distributed(inputs, pngs)
+    geometry = findings.geometry_table(inputs.predictors)
+    if geometry is not None:
+        blocks += [Paragraph(findings.GEOMETRY_NOTE), TableBlock(geometry)]
+    return blocks
+
+
+def _figures(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
+    blocks: list[Block] = []
     for spec in FIGURES:
         if spec.name not in pngs:
             continue
@@ -128,10 +98,15 @@ def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
         numbers = _FIGURE_TABLES.get(spec.name, lambda _: None)(inputs)
         if numbers is not None:
             blocks.append(TableBlock(numbers))
+    return blocks
+
+
+def _appendix(inputs: ReportInputs) -> list[Block]:
+    """Tuning notes, the parameters and the MLflow runs: how to reproduce the run."""
     runs = Table(
         ["Stage", "MLflow run id"], [[Cell(s), Cell(r)] for s, r in inputs.run_ids.items()]
     )
-    blocks += [
+    return [
         Heading(2, "Tuning"),
         Preformatted(inputs.notes or "No tuning notes were given.", "text"),
         Heading(2, "Parameters"),
@@ -139,4 +114,26 @@ def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
         Heading(2, "MLflow runs"),
         TableBlock(runs),
     ]
-    return blocks
+
+
+def build(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
+    """Every section in report order; ``pngs`` holds the figures that have data.
+
+    The headline comes first; the analyses (``analyses``, imported here since it
+    builds its blocks from this module's types) follow the comparisons and figures.
+    """
+    from . import analyses
+
+    unc = compute(inputs)
+    return [
+        Heading(1, inputs.title),
+        *headline.blocks(inputs, unc, analyses.claims(inputs)),
+        Heading(2, "Setup"),
+        Paragraph(findings.summary(inputs)),
+        *_metrics(inputs, unc),
+        *_comparisons(inputs, unc),
+        *_distributed(inputs, pngs),
+        *_figures(inputs, pngs),
+        *analyses.sections(inputs, pngs),
+        *_appendix(inputs),
+    ]

@@ -22,6 +22,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from . import style
 from .distributed import SWEEP_PREDICTORS, dswag_roles, has_variance, sigma_curve
 from .inputs import PlaneData, PredictorResult, ReportInputs, SweepPoint, trajectory_params
 
@@ -34,192 +35,212 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _colour(i: int, n: int) -> Any:
-    """The i-th of n series: tab10 while it suffices, tab20 beyond (pairs stay apart by shade)."""
-    colours = _COLOURS if n <= len(_COLOURS) else matplotlib.colormaps["tab20"].colors
-    return colours[i % len(colours)]
+def _row_legend(ax: Any, title: str | None = None) -> None:
+    """The panel's legend right of its axes, outside them; constrained layout makes room."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(
+            handles,
+            labels,
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            borderaxespad=0.0,
+            fontsize="small",
+            title=title,
+            title_fontsize="small",
+        )
 
 
-def _marker(i: int, default: str = "o") -> str:
-    """A marker that tells apart series whose colours repeat (more than 20 of them)."""
-    return (default, "s", "^", "D", "v")[(i // 20) % 5]
+def _grid(rows: int, cols: int, width: float, height: float) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(width, 0.5 + height * rows), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False)
 
 
-def _outside_legend(fig: Figure, handles: list[Any], labels: list[str], rows: int = 22) -> None:
-    """One legend right of all panels, in as many columns as it needs to fit."""
-    ncols = max(1, math.ceil(len(labels) / rows))
-    fig.legend(handles, labels, loc="outside right upper", fontsize="small", ncols=ncols)
+def _family_members(inputs: ReportInputs) -> list[tuple[str, list[PredictorResult]]]:
+    """Each family's panel members, the baseline first (grey, dotted) in every one."""
+    base = style.baseline(inputs)
+    lead = [base] if base is not None else []
+    return [(title, lead + members) for title, members in style.families(inputs).items()]
 
 
-# Beyond this many predictors the reliability figure has one panel per predictor.
-_RELIABILITY_OVERLAY_MAX = 4
+def _line_style(p: PredictorResult, inputs: ReportInputs, colours: dict[str, Any]) -> dict:
+    return {"color": colours.get(p.name, "k"), "linestyle": style.linestyle(p, inputs)}
 
 
-def reliability_figure(predictors: list[PredictorResult]) -> bytes | None:
-    """Calibration gap and reliability bars per predictor; None without non-empty bins.
+def reliability_layout(inputs: ReportInputs) -> Figure | None:
+    """Calibration gap per confidence bin, one panel per family; None without bins.
 
-    Up to ``_RELIABILITY_OVERLAY_MAX`` predictors share two panels (gap, bars);
-    more get one reliability panel each, which stays readable.
+    Each panel draws its family's predictors (F-variants dashed in their
+    reference's colour) and the baseline (grey, dotted); the legend gives each
+    one's ECE and sits right of the panel.
     """
-    if not any(r.get("count", 0) > 0 for p in predictors for r in p.reliability):
+    if not any(r.get("count", 0) > 0 for p in inputs.predictors for r in p.reliability):
         return None
-    if len(predictors) > _RELIABILITY_OVERLAY_MAX:
-        return _reliability_grid(predictors)
-    fig = Figure(figsize=(10, 4), layout="constrained")
-    gap_ax, rel_ax = fig.subplots(1, 2)
-    width = 1.0 / max(len(predictors), 1)
-    for i, p in enumerate(predictors):
-        rows = [r for r in p.reliability if r.get("count", 0) > 0]
-        conf = [r["confidence"] for r in rows]
-        acc = [r["accuracy"] for r in rows]
-        colour = _COLOURS[i % len(_COLOURS)]
-        style = {"color": colour, "marker": "o", "ms": 3, "label": p.name}
-        gap_ax.plot(conf, [a - c for a, c in zip(acc, conf, strict=True)], **style)
-        # Classic reliability bars: one bar per non-empty bin, side by side per predictor.
-        bin_width = [r["upper"] - r["lower"] for r in rows]
-        left = [r["lower"] + i * width * w for r, w in zip(rows, bin_width, strict=True)]
-        rel_ax.bar(
-            left,
-            acc,
-            width=[width * w for w in bin_width],
-            align="edge",
-            color=colour,
-            alpha=0.8,
-            label=p.name,
-        )
-    gap_ax.axhline(0.0, color="k", linestyle="--", linewidth=1)
-    gap_ax.set(xlabel="confidence", ylabel="accuracy - confidence", title="Calibration gap")
-    rel_ax.plot([0, 1], [0, 1], color="k", linestyle="--", linewidth=1, label="perfect")
-    rel_ax.set(
-        xlabel="confidence (bin)", ylabel="accuracy", title="Reliability", xlim=(0, 1), ylim=(0, 1)
-    )
-    for ax in (gap_ax, rel_ax):
-        ax.legend(fontsize="small")
-    return _png(fig)
-
-
-def _reliability_grid(predictors: list[PredictorResult]) -> bytes:
-    """One classic reliability diagram per predictor: accuracy per bin, the gap to the
-    bin's mean confidence hatched, perfect calibration dashed."""
-    cols = 6
-    rows = math.ceil(len(predictors) / cols)
-    fig = Figure(figsize=(13, 0.6 + 2.1 * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()
-    for ax, p in zip(axes, predictors, strict=False):
-        bins = [r for r in p.reliability if r.get("count", 0) > 0]
-        left = [r["lower"] for r in bins]
-        width = [r["upper"] - r["lower"] for r in bins]
-        acc = [r["accuracy"] for r in bins]
-        gap = [r["confidence"] - r["accuracy"] for r in bins]
-        ax.bar(left, acc, width=width, align="edge", color=_COLOURS[0], alpha=0.8)
-        ax.bar(
-            left,
-            gap,
-            bottom=acc,
-            width=width,
-            align="edge",
-            color="none",
-            edgecolor=_COLOURS[3],
-            hatch="///",
-            linewidth=0.5,
-        )
-        ax.plot([0, 1], [0, 1], color="k", linestyle="--", linewidth=1)
-        ece = p.metric("ece")
-        title = p.name + (f" (ECE {ece:.3f})" if math.isfinite(ece) else "")
-        ax.set_title(title, fontsize="medium")
-        ax.set(xlim=(0, 1), ylim=(0, 1))
-    for ax in axes[len(predictors) :]:
+    families = _family_members(inputs)
+    if not families:
+        return None
+    colours = style.colours(inputs)
+    cols = 2
+    rows = math.ceil(len(families) / cols)
+    fig, axes = _grid(rows, cols, 13.0, 3.0)
+    for ax, (title, members) in zip(axes.ravel(), families, strict=False):
+        for p in members:
+            bins = [r for r in p.reliability if r.get("count", 0) > 0]
+            if not bins:
+                continue
+            ece = p.metric("ece")
+            label = p.name + (f" (ECE {ece:.3f})" if math.isfinite(ece) else "")
+            conf = [r["confidence"] for r in bins]
+            gap = [r["accuracy"] - r["confidence"] for r in bins]
+            ax.plot(conf, gap, marker="o", ms=3, label=label, **_line_style(p, inputs, colours))
+        ax.axhline(0.0, color="k", linewidth=0.8)
+        ax.set(xlim=(0, 1), title=title, xlabel="confidence", ylabel="accuracy - confidence")
+        ax.grid(alpha=0.3)
+        _row_legend(ax)
+    for ax in axes.ravel()[len(families) :]:
         ax.set_axis_off()
-    fig.supxlabel("confidence (bin)")
-    fig.supylabel("accuracy")
-    handles = [
-        Patch(color=_COLOURS[0], alpha=0.8, label="accuracy in the bin"),
-        Patch(facecolor="none", edgecolor=_COLOURS[3], hatch="///", label="gap to its confidence"),
-        Line2D([], [], color="k", linestyle="--", linewidth=1, label="perfect calibration"),
+    return fig
+
+
+def reliability_figure(inputs: ReportInputs) -> bytes | None:
+    fig = reliability_layout(inputs)
+    return _png(fig) if fig is not None else None
+
+
+_SAMPLE_PANELS = (("nll", "NLL", 1.0), ("accuracy", "accuracy (%)", 100.0), ("ece", "ECE", 1.0))
+
+
+def samples_layout(inputs: ReportInputs) -> Figure | None:
+    """NLL, accuracy and ECE of the model average by sample count: one row per family,
+    the baseline in every row, the row's legend right of it. None without rows."""
+    if not any(p.by_samples for p in inputs.predictors):
+        return None
+    families = [(t, ms) for t, ms in _family_members(inputs) if any(p.by_samples for p in ms)]
+    colours = style.colours(inputs)
+    fig, axes = _grid(len(families), len(_SAMPLE_PANELS), 13.0, 2.4)
+    for row, (title, members) in zip(axes, families, strict=True):
+        for ax, (key, label, factor) in zip(row, _SAMPLE_PANELS, strict=True):
+            for p in members:
+                points = [(r["samples"], factor * r[key]) for r in p.by_samples if key in r]
+                line = _line_style(p, inputs, colours)
+                if len(points) == 1:
+                    ax.axhline(points[0][1], label=p.name, **line)
+                elif points:
+                    xs, ys = zip(*points, strict=True)
+                    ax.plot(xs, ys, marker=".", ms=3, label=p.name, **line)
+            ax.set(ylabel=label)
+            ax.set_title(f"{title}: {label}", fontsize="medium")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        _row_legend(row[-1])
+    for ax in axes[-1]:
+        ax.set_xlabel("samples in the average")
+    return fig
+
+
+def samples_figure(inputs: ReportInputs) -> bytes | None:
+    fig = samples_layout(inputs)
+    return _png(fig) if fig is not None else None
+
+
+# Trajectory kinds whose training loss is a per-point negative ELBO, not a cross-entropy.
+_ELBO_KINDS = ("vi", "hwa")
+
+
+def _training_rows(
+    inputs: ReportInputs, trajectories: dict[str, dict[str, Any]]
+) -> list[tuple[str, bool, list[str]]]:
+    """(title, ELBO loss?, runs) per family: a run goes to its first predictor's family,
+    split by loss so that a negative ELBO (~50) never shares an axis with a cross-entropy."""
+    fam = {}
+    for p in inputs.predictors:
+        fam.setdefault(p.trajectory, style.family(p, inputs) or f"Baseline ({p.name})")
+    order = [*style.FAMILIES, style.DISTRIBUTED, style.OTHER]
+    rows: dict[tuple[str, bool], list[str]] = {}
+    for name, history in inputs.histories.items():
+        if name == "pretrain" or not history:
+            continue
+        elbo = trajectories.get(name, {}).get("kind") in _ELBO_KINDS
+        rows.setdefault((fam.get(name, style.OTHER), elbo), []).append(name)
+    keys = sorted(rows, key=lambda k: (order.index(k[0]) if k[0] in order else -1, k[1]))
+    return [(f"{t} (negative ELBO)" if e else t, e, rows[(t, e)]) for t, e in keys]
+
+
+# Training figure columns: (history column, panel title); each its own axis and scale.
+_TRAINING_PANELS = (
+    ("train_loss", "train loss"),
+    ("val_loss", "validation NLL"),
+    ("train_accuracy", "accuracy"),
+)
+
+
+def _plot_run(
+    axes: Any, history: list[dict[str, float]], shift: float, colour: Any, name: str, loss: bool
+) -> None:
+    """Train loss, validation NLL, and train (solid) and validation (dashed) accuracy; the
+    train loss only when ``loss`` (it is on the row's scale)."""
+    series = [
+        (axes[0], "train_loss", "-"),
+        (axes[1], "val_loss", "-"),
+        (axes[2], "train_accuracy", "-"),
+        (axes[2], "val_accuracy", "--"),
     ]
-    fig.legend(handles=handles, loc="outside upper center", ncols=3, fontsize="small")
-    return _png(fig)
+    for ax, column, ls in series:
+        if column == "train_loss" and not loss:
+            continue
+        rows = [r for r in history if column in r]
+        if rows:
+            xs = [shift + r["epoch"] for r in rows]
+            label = name if ax is axes[2] and ls == "-" else None
+            ax.plot(xs, [r[column] for r in rows], ls, color=colour, marker=".", ms=3, label=label)
 
 
-def samples_figure(predictors: list[PredictorResult]) -> bytes | None:
-    """NLL, accuracy and ECE of the model average by sample count; None without rows."""
-    if not any(p.by_samples for p in predictors):
-        return None
-    many = len(predictors) > 6
-    fig = Figure(figsize=(13 if many else 10, 4.5 if many else 4), layout="constrained")
-    panels = [("nll", "NLL", 1.0), ("accuracy", "accuracy (%)", 100.0), ("ece", "ECE", 1.0)]
-    n = len(predictors)
-    for ax, (key, label, factor) in zip(fig.subplots(1, 3), panels, strict=True):
-        for i, p in enumerate(predictors):
-            rows = [r for r in p.by_samples if key in r]
-            xs = [r["samples"] for r in rows]
-            ys = [factor * r[key] for r in rows]
-            colour = _colour(i, n)
-            if len(rows) == 1:
-                ax.axhline(ys[0], color=colour, linestyle=":", label=p.name)
-                ax.plot(xs, ys, color=colour, marker="s", ms=4)
-            elif rows:
-                ax.plot(xs, ys, color=colour, marker=_marker(i), ms=3, label=p.name)
-        ax.set(xlabel="samples", ylabel=label, title=f"{label} vs samples")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if many:
-        _outside_legend(fig, *fig.axes[0].get_legend_handles_labels())
-    else:
-        fig.axes[0].legend(fontsize="small")
-    return _png(fig)
+def _log_if_wide(ax: Any) -> str:
+    values = [y for line in ax.lines for y in line.get_ydata() if y > 0]
+    if values and max(values) / min(values) > 50:
+        ax.set_yscale("log")
+        return " (log)"
+    return ""
 
 
-def training_figure(
-    histories: dict[str, list[dict[str, float]]],
-    trajectories: dict[str, dict[str, Any]] | None = None,
-) -> bytes | None:
-    """Pretraining first, then each trajectory continuing after where it starts.
+def training_layout(inputs: ReportInputs) -> Figure | None:
+    """Train loss, validation NLL and accuracy per run, one row per family and kind of loss;
+    None without epochs.
 
-    ``trajectories`` (the raw ``finetune`` params) places a run that starts
-    from another after that one, and a run from a fresh network (``start:
-    init``, DSWAG) from epoch 1 beside pretraining. One colour per run: solid
-    train, dashed validation. The loss axis is logarithmic when the losses
-    span more than a factor 50 (a VI run's negative ELBO beside cross-entropies).
-    None when no run has a single epoch.
+    A run that starts from another continues after it; pretraining (grey) is
+    drawn in each row, its train cross-entropy only beside other cross-entropies.
+    A loss axis is logarithmic when it spans more than a factor 50.
     """
-    if not any(histories.values()):
+    if not any(inputs.histories.values()):
         return None
-    trajectories = trajectories or {}
-    others = [name for name in histories if name != "pretrain"]
-    many = len(others) > 4
-    fig = Figure(figsize=(13 if many else 10, 4.5 if many else 4), layout="constrained")
-    loss_ax, acc_ax = fig.subplots(1, 2)
-    pretrain = histories.get("pretrain", [])
-    runs = [("pretrain", 0.0, "0.3")] if "pretrain" in histories else []
-    for i, name in enumerate(others):
-        shift = run_offset(name, trajectories, histories)
-        runs.append((name, shift, _colour(i, len(others))))
-    handles, labels = [], []
-    for name, shift, colour in runs:
-        for ax, metric in ((loss_ax, "loss"), (acc_ax, "accuracy")):
-            for split, style in (("train", "-"), ("val", "--")):
-                rows = [r for r in histories[name] if f"{split}_{metric}" in r]
-                if rows:
-                    xs = [shift + r["epoch"] for r in rows]
-                    ys = [r[f"{split}_{metric}"] for r in rows]
-                    ax.plot(xs, ys, style, color=colour, marker=".", ms=3)
-                    if name not in labels:
-                        handles.append(Line2D([], [], color=colour, marker="."))
-                        labels.append(name)
-    losses = [y for line in loss_ax.lines for y in line.get_ydata() if y > 0]
-    if losses and max(losses) / min(losses) > 50:
-        loss_ax.set_yscale("log")
-    for ax, label in ((loss_ax, "loss"), (acc_ax, "accuracy")):
-        if pretrain and others:
-            ax.axvline(max(r["epoch"] for r in pretrain) + 0.5, color="k", ls=":", lw=1)
-        scale = " (log scale)" if ax.get_yscale() == "log" else ""
-        ax.set(xlabel="epoch", ylabel=label + scale, title=f"Training {label}")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if labels:
-        handles += [Line2D([], [], color="0.3"), Line2D([], [], color="0.3", linestyle="--")]
-        labels += ["solid: train", "dashed: validation"]
-        _outside_legend(fig, handles, labels)
-    return _png(fig)
+    trajectories = trajectory_params(inputs.params)
+    rows = _training_rows(inputs, trajectories) or [("Pretraining", False, [])]
+    pretrain = inputs.histories.get("pretrain", [])
+    fig, axes = _grid(len(rows), len(_TRAINING_PANELS), 13.0, 2.5)
+    for row, (title, elbo, names) in zip(axes, rows, strict=True):
+        if pretrain:
+            _plot_run(row, pretrain, 0.0, style.BASELINE_COLOUR, "pretrain", not elbo)
+        for i, name in enumerate(names):
+            shift = run_offset(name, trajectories, inputs.histories)
+            colour = _COLOURS[i % len(_COLOURS)]
+            _plot_run(row, inputs.histories[name], shift, colour, name, True)
+        labels = ("negative ELBO per point" if elbo else "cross-entropy", "NLL", "accuracy")
+        for ax, label, (_, what) in zip(row, labels, _TRAINING_PANELS, strict=True):
+            ax.set(ylabel=label + _log_if_wide(ax))
+            ax.set_title(f"{title}: {what}", fontsize="medium")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+            if pretrain and names:
+                ax.axvline(max(r["epoch"] for r in pretrain) + 0.5, color="k", ls=":", lw=1)
+        _row_legend(row[-1], title="accuracy: solid train,\ndashed validation")
+    for ax in axes[-1]:
+        ax.set_xlabel("epoch")
+    return fig
+
+
+def training_figure(inputs: ReportInputs) -> bytes | None:
+    fig = training_layout(inputs)
+    return _png(fig) if fig is not None else None
 
 
 def epoch_offset(
@@ -278,7 +299,7 @@ def finetune_curves_figure(inputs: ReportInputs) -> bytes | None:
         shift = epoch_offset(name, trajectories, inputs.histories)
         rows = inputs.histories[name]
         for ax, (key, avg_key, _, _, factor) in zip(axes, panels, strict=True):
-            for column, style, label in ((key, "-", name), (avg_key, "--", f"{name} average")):
+            for column, ls, label in ((key, "-", name), (avg_key, "--", f"{name} average")):
                 points = [
                     (shift + r["epoch"], factor * r[column])
                     for r in rows
@@ -286,12 +307,11 @@ def finetune_curves_figure(inputs: ReportInputs) -> bytes | None:
                 ]
                 if points:
                     xs, ys = zip(*points, strict=True)
-                    ax.plot(xs, ys, style, color=colour, marker=".", label=label)
+                    ax.plot(xs, ys, ls, color=colour, marker=".", label=label)
     for ax, (_, _, title, label, _) in zip(axes, panels, strict=True):
         ax.set(xlabel="epochs since the end of pretraining", ylabel=label, title=title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if ax.lines:
-            ax.legend(fontsize="small")
+    _row_legend(axes[-1])
     return _png(fig)
 
 
@@ -679,22 +699,29 @@ class FigureSpec:
 FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "reliability",
-        lambda inputs: reliability_figure(inputs.predictors),
-        "Calibration of each predictor on the test split, empty bins skipped. Up to four "
-        "predictors share two panels: the gap accuracy - confidence per confidence bin (left) "
-        "and the accuracy per bin as bars (right). More get one panel each: the accuracy per "
-        "confidence bin (bars), the gap to the bin's mean confidence (hatched) and perfect "
-        "calibration (dashed), with the predictor's ECE in the title.",
+        reliability_figure,
+        "Calibration on the test split, one panel per family of predictors: accuracy - "
+        "confidence per confidence bin (20 bins, empty ones skipped), with each predictor's "
+        "ECE in the legend. Above 0 under-confident, below 0 over-confident. The baseline is "
+        "grey and dotted in every panel; a flat-seeking (F-) variant is dashed in the colour of "
+        "its reference.",
     ),
     FigureSpec(
         "samples",
-        lambda inputs: samples_figure(inputs.predictors),
-        "Metrics of the Bayesian model average against the number of samples.",
+        samples_figure,
+        "Test NLL, accuracy and ECE of the Bayesian model average against the number of "
+        "samples averaged, one row per family; the baseline (grey, dotted) in every row, "
+        "F-variants dashed in their reference's colour. A single-sample predictor is a "
+        "horizontal line.",
     ),
     FigureSpec(
         "training",
-        lambda inputs: training_figure(inputs.histories, trajectory_params(inputs.params)),
-        "Pretraining then fine-tuning; solid train, dashed validation.",
+        training_figure,
+        "Pretraining (grey) then fine-tuning, one row per family: the training loss, the "
+        "validation NLL and the accuracy (solid train, dashed validation), each on its own "
+        "axis. VI and HWA minimise a per-point negative ELBO, on a different scale from the "
+        "cross-entropy of the other runs, so they get rows of their own (without pretraining's "
+        "training loss). A run that starts from another continues after it.",
     ),
     FigureSpec(
         "finetune_curves",
@@ -773,5 +800,10 @@ def _dswag_pair(inputs: ReportInputs) -> tuple[PredictorResult | None, Predictor
 
 def draw_figures(inputs: ReportInputs) -> dict[str, bytes]:
     """PNG bytes by figure name, in report order; figures without data are left out."""
+    from . import analyses  # draws with this module's helpers; imported late, no cycle
+
     drawn = {spec.name: spec.draw(inputs) for spec in FIGURES}
-    return {name: png for name, png in drawn.items() if png is not None}
+    return {
+        **{name: png for name, png in drawn.items() if png is not None},
+        **analyses.draw(inputs),
+    }

@@ -1,0 +1,97 @@
+"""The report's first section: the ranking by test NLL with intervals, and which of the
+papers' claims hold on this run, so a reader gets the answer before the details."""
+
+from __future__ import annotations
+
+import math
+
+from . import distributed, findings
+from .blocks import Block, Bullets, Heading, Paragraph, TableBlock
+from .claims import Claim
+from .findings import Cell, Table
+from .inputs import PredictorResult, ReportInputs
+from .uncertainty import Uncertainty
+
+DSWAG_PAPER = "DSWAG (Kiriti, Tsai, Duncan)"
+# A distributed claim's text is cut here in the headline; the full text is in its section.
+_SHORT = 300
+
+
+def _nll(p: PredictorResult, unc: Uncertainty) -> float:
+    found = unc.estimate(p.name, "nll")
+    return found.value if found is not None else p.metric("nll")
+
+
+def ranking(inputs: ReportInputs, unc: Uncertainty) -> list[PredictorResult]:
+    """Predictors by test NLL, lowest first; missing NLL last, ties in table order."""
+    return sorted(
+        inputs.predictors,
+        key=lambda p: (not math.isfinite(v := _nll(p, unc)), v if math.isfinite(v) else 0.0),
+    )
+
+
+def ranking_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
+    """Rank, NLL with its interval, and the paired difference to the baseline with verdict."""
+    base = inputs.baseline
+    header = ["Rank", "Predictor", "NLL [95% CI]", f"NLL - {base} [95% CI]", f"vs {base}"]
+    rows = []
+    for rank, p in enumerate(ranking(inputs, unc), start=1):
+        value = findings.with_interval("nll", _nll(p, unc), unc.estimate(p.name, "nll"))
+        comp = unc.comparison(base, p.name)
+        if p.name == base:
+            diff, verdict = "", "baseline"
+        elif comp is None:
+            diff, verdict = "n/a", "no interval: no per-point predictions"
+        else:
+            iv = comp.intervals["nll"]
+            diff = f"{iv.diff:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]"
+            verdict = {"better": "better", "worse": "worse"}.get(iv.verdict(), "within noise")
+        rows.append(
+            [
+                Cell(str(rank)),
+                Cell(p.name),
+                Cell(value),
+                Cell(diff),
+                Cell(verdict, verdict == "better"),
+            ]
+        )
+    return Table(header, rows)
+
+
+def claim_text(claim: Claim) -> str:
+    """One bullet: verdict first, then the paper, the statement and the evidence."""
+    return f"[{claim.verdict}] {claim.paper}: {claim.statement}. {claim.evidence}"
+
+
+def _short(text: str) -> str:
+    first = text.split(". ", 1)[0].rstrip(".")
+    if len(first) > _SHORT:
+        first = first[:_SHORT].rsplit(" ", 1)[0] + " ..."
+    return f"{first} (in full under Distributed SWAG)"
+
+
+def claim_lines(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> list[str]:
+    """The papers' claims on this run: flat-seeking and HWA pairs, the analyses', and the
+    DSWAG paper's (their verdict is in their text)."""
+    lines = [claim_text(c) for c in (*findings.claims(inputs, unc), *analysed)]
+    lines += [f"{DSWAG_PAPER}: {_short(text)}" for text in distributed.claims(inputs)]
+    return lines
+
+
+def blocks(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> list[Block]:
+    """The headline section."""
+    s = unc.settings
+    note = (
+        f"Predictors ranked by test NLL (lower is better), each with its {100 * s.level:g}% "
+        f"percentile bootstrap interval over the test points, and its paired difference to "
+        f"the baseline {inputs.baseline} ({s.resamples} resamples, seed {s.seed}): 'better' "
+        "or 'worse' only where that interval excludes 0."
+    )
+    lines = claim_lines(inputs, unc, analysed)
+    return [
+        Heading(2, "Headline"),
+        Paragraph(note),
+        TableBlock(ranking_table(inputs, unc)),
+        Heading(3, "The papers' claims on this run"),
+        Bullets(lines) if lines else Paragraph("No claim can be checked on these predictors."),
+    ]

@@ -1,0 +1,129 @@
+"""Every interval the report shows, computed once from the per-point predictions.
+
+A difference of one test image in 1,000 is not an improvement (ALGORITHMS
+§10): each predictor's metrics get a percentile bootstrap interval over the
+test points, and each comparison (every predictor against the baseline,
+every counterpart against its reference) a paired bootstrap of the
+difference and, for accuracy, McNemar's exact test. Predictors without
+per-point predictions get no interval; the text then says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..intervals import Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
+from .inputs import PredictorResult, ReportInputs
+
+METRICS = ("accuracy", "nll", "ece", "brier")
+ECE_BINS = 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the bootstrap resamples: ``report.bootstrap`` in params, else these defaults."""
+
+    resamples: int = 2000
+    seed: int = 0
+    level: float = 0.95
+
+
+def settings(params: dict[str, Any]) -> Settings:
+    """The bootstrap settings from ``params['report']['bootstrap']`` where given."""
+    report = params.get("report")
+    found = report.get("bootstrap") if isinstance(report, dict) else None
+    if not isinstance(found, dict):
+        return Settings()
+    default = Settings()
+    return Settings(
+        resamples=int(found.get("resamples", default.resamples)),
+        seed=int(found.get("seed", default.seed)),
+        level=float(found.get("level", default.level)),
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``candidate`` against ``reference`` on the same points: intervals of candidate -
+    reference by metric, and McNemar's exact p for accuracy."""
+
+    reference: str
+    candidate: str
+    intervals: dict[str, Interval]
+    mcnemar_p: float
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """Estimates by predictor and metric; comparisons by (reference, candidate)."""
+
+    settings: Settings
+    estimates: dict[str, dict[str, Estimate]] = field(default_factory=dict)
+    comparisons: dict[tuple[str, str], Comparison] = field(default_factory=dict)
+
+    def estimate(self, name: str, metric: str) -> Estimate | None:
+        return self.estimates.get(name, {}).get(metric)
+
+    def comparison(self, reference: str, candidate: str) -> Comparison | None:
+        return self.comparisons.get((reference, candidate))
+
+
+def _tensors(p: PredictorResult) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if p.predictions is None:
+        return None
+    return (
+        torch.as_tensor(np.asarray(p.predictions.log_probs, dtype=np.float64)),
+        torch.as_tensor(np.asarray(p.predictions.y, dtype=np.int64)),
+    )
+
+
+def estimates(p: PredictorResult, s: Settings) -> dict[str, Estimate]:
+    """The predictor's metrics with intervals; empty without predictions."""
+    found = _tensors(p)
+    if found is None:
+        return {}
+    lp, y = found
+    return {m: bootstrap(m, lp, y, s.resamples, s.seed, s.level, ECE_BINS) for m in METRICS}
+
+
+def compare(ref: PredictorResult, cand: PredictorResult, s: Settings) -> Comparison | None:
+    """The paired comparison; None unless both have predictions on the same labels."""
+    a, b = _tensors(ref), _tensors(cand)
+    if a is None or b is None or a[0].shape != b[0].shape or not torch.equal(a[1], b[1]):
+        return None
+    y = a[1]
+    intervals = {
+        m: paired_bootstrap(m, a[0], b[0], y, s.resamples, s.seed, s.level, ECE_BINS)
+        for m in METRICS
+    }
+    p = mcnemar(a[0].argmax(1) == y, b[0].argmax(1) == y)
+    return Comparison(ref.name, cand.name, intervals, p)
+
+
+def compared_pairs(inputs: ReportInputs) -> list[tuple[PredictorResult, PredictorResult]]:
+    """(reference, candidate): each predictor against the baseline, then the given pairs."""
+    by_name = {p.name: p for p in inputs.predictors}
+    base = by_name.get(inputs.baseline)
+    found = [(base, p) for p in inputs.predictors if base is not None and p is not base]
+    found += [
+        (by_name[r], by_name[c])
+        for r, c in inputs.pairs
+        if r in by_name and c in by_name and r != c and r != inputs.baseline
+    ]
+    return found
+
+
+def compute(inputs: ReportInputs) -> Uncertainty:
+    """Every estimate and comparison the report shows, with the params' settings."""
+    s = settings(inputs.params)
+    found = {p.name: e for p in inputs.predictors if (e := estimates(p, s))}
+    comparisons = {
+        (r.name, c.name): comp
+        for r, c in compared_pairs(inputs)
+        if (comp := compare(r, c, s)) is not None
+    }
+    return Uncertainty(s, found, comparisons)

@@ -1,0 +1,233 @@
+"""Stages `line@<name>`, `rays@<trajectory>`, `swag_directions@<trajectory>`: the loss
+landscape around posterior centres (SWA paper §4, DSWAG Figs. 4 and 6; ALGORITHMS §6).
+
+A trajectory's centre is ``bayesavg.sampling.trajectory_centre`` (the SWA or HWA mean,
+else the final weights). BatchNorm is recomputed at every point from the evaluate
+stages' images; on a network with BatchNorm the SGD end therefore differs from the
+map predictor, which keeps its trained statistics.
+
+    python stages/landscape.py line <name>                 # evaluate.landscape.lines.<name>
+    python stages/landscape.py rays <trajectory>           # evaluate.landscape.rays.centres
+    python stages/landscape.py swag_directions <trajectory>
+"""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from _common import MANIFEST, PREPARED, main, params, tracked
+
+from bayesavg.config import Params
+from bayesavg.errors import UserError
+from bayesavg.io import write_csv, write_json
+
+PLOTS = Path("plots/landscape")
+METRICS = Path("metrics/landscape")
+KINDS = ("line", "rays", "swag_directions")
+
+
+def _listed(p: Params, kind: str) -> list[str]:
+    land = p.evaluate.landscape
+    return {
+        "line": list(land.lines),
+        "rays": land.rays.centres,
+        "swag_directions": land.swag.trajectories,
+    }[kind]
+
+
+def _args(p: Params) -> tuple[str, str]:
+    if len(sys.argv) != 3 or sys.argv[1] not in KINDS:
+        raise UserError(f"usage: landscape.py {{{'|'.join(KINDS)}}} <name>")
+    kind, name = sys.argv[1:]
+    listed = _listed(p, kind)
+    if name not in listed:
+        raise UserError(
+            f"landscape.py {kind}: {name!r} is not listed in evaluate.landscape "
+            f"({', '.join(listed) or 'none'})"
+        )
+    return kind, name
+
+
+def _posterior_file(trajectory: str) -> Path:
+    return Path("models") / trajectory / "posterior.pt"
+
+
+class _Context:
+    """The fixed data every landscape point is evaluated on, and the seeded parts."""
+
+    def __init__(self, p: Params, like: Any) -> None:
+        from bayesavg.data import load_prepared
+        from bayesavg.evaluate import bn_subset
+        from bayesavg.landscape import Probe
+        from bayesavg.seeding import derive_seed, resolve_device
+
+        self.device = resolve_device(p.device)
+        data = load_prepared(PREPARED)
+        land = p.evaluate.landscape
+        part = data.train.random_subset(land.n_points, derive_seed(p.seed, "landscape"))
+        # BatchNorm statistics at each point from the images the evaluate stages use, so
+        # a line's end at a SWA mean equals the swa predictor's evaluation.
+        bn_part = bn_subset(data.train, p.evaluate.bn_update_fraction, p.seed)
+        self.probe = Probe(
+            train_x=like.model_input(part.x, self.device),
+            train_y=part.y.to(self.device),
+            test_x=like.model_input(data.test.x, self.device),
+            test_y=data.test.y.to(self.device),
+            bn_x=like.model_input(bn_part.x, self.device) if like.has_batchnorm else None,
+            weight_decay=p.pretrain.weight_decay,
+            batch_size=p.evaluate.batch_size,
+        )
+
+
+def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
+    from bayesavg.landscape import line
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.sampling import trajectory_centre
+
+    spec = p.evaluate.landscape.lines[name]
+    a, b = load_posterior(_posterior_file(spec.a)), load_posterior(_posterior_file(spec.b))
+    (a_kind, theta_a), (b_kind, theta_b) = trajectory_centre(a), trajectory_centre(b)
+    ctx = _Context(p, a)
+    rows = line(
+        a.build_model(ctx.device),
+        theta_a.to(ctx.device),
+        theta_b.to(ctx.device),
+        p.evaluate.landscape.t.values(),
+        ctx.probe,
+    )
+    lowest = min(rows, key=lambda r: r["train_loss"])
+    total = min(rows, key=lambda r: r["train_loss"] + r["weight_decay_term"])
+    summary = {
+        "a": spec.a,
+        "b": spec.b,
+        "a_centre": a_kind,
+        "b_centre": b_kind,
+        "distance": float((theta_b.double() - theta_a.double()).norm()),
+        "t_min_train_loss": lowest["t"],
+        "t_min_train_objective": total["t"],
+        "weight_decay": p.pretrain.weight_decay,
+    }
+    csv = PLOTS / "line" / f"{name}.csv"
+    write_csv(csv, rows)
+    out = METRICS / "line" / f"{name}.json"
+    write_json(out, summary)
+    logged = {
+        "distance": summary["distance"],
+        "t_min_train_loss": lowest["t"],
+        "t_min_train_objective": total["t"],
+    }
+    return summary, logged, [csv, out]
+
+
+def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
+    from bayesavg.landscape import filter_normalise, random_directions, ray, ray_width
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.sampling import trajectory_centre
+    from bayesavg.seeding import derive_seed
+
+    rp = p.evaluate.landscape.rays
+    posterior = load_posterior(_posterior_file(name))
+    kind, theta = trajectory_centre(posterior)
+    ctx = _Context(p, posterior)
+    model = posterior.build_model(ctx.device)
+    theta = theta.to(ctx.device)
+    # The same seeded directions from every centre: the seed names no trajectory.
+    directions = random_directions(theta.numel(), rp.directions, derive_seed(p.seed, "rays"))
+    distances = rp.distances.values()
+    rows, widths = [], []
+    for i, d in enumerate(directions.to(ctx.device)):
+        if rp.filter_normalise:
+            d = filter_normalise(d, theta, model)
+        found = ray(model, theta, d, distances, ctx.probe)
+        widths.append(ray_width(model, theta, d, found, rp.delta, ctx.probe))
+        rows += [{"direction": i, **row} for row in found]
+    reached = [w for w in widths if w is not None]
+    summary = {
+        "trajectory": name,
+        "centre": kind,
+        "widths": widths,
+        "width_mean": sum(reached) / len(reached) if len(reached) == len(widths) else None,
+        "delta": rp.delta,
+        "filter_normalised": rp.filter_normalise,
+        "directions": rp.directions,
+        "theta_norm": float(theta.double().norm()),
+    }
+    csv = PLOTS / "rays" / f"{name}.csv"
+    write_csv(csv, rows)
+    out = METRICS / "rays" / f"{name}.json"
+    write_json(out, summary)
+    logged = {f"width_{i}": w for i, w in enumerate(widths) if w is not None}
+    if summary["width_mean"] is not None:
+        logged["width_mean"] = summary["width_mean"]
+    return summary, logged, [csv, out]
+
+
+def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
+    from bayesavg.landscape import principal_directions, ray
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors import SWAG
+    from bayesavg.seeding import derive_seed
+    from bayesavg.sweep import sigma_distance
+
+    sp = p.evaluate.landscape.swag
+    posterior = load_posterior(_posterior_file(name))
+    if posterior.collector is None:
+        raise UserError(f"swag_directions: trajectory {name!r} has no SWAG snapshots")
+    ctx = _Context(p, posterior)
+    model = posterior.build_model(ctx.device)
+    mean = SWAG.from_state_dict(posterior.collector, device=ctx.device).mean
+    vectors, sigmas = principal_directions(posterior.collector, sp.directions)
+    offsets = sp.offsets.values()
+    rows = []
+    for i, (v, sigma) in enumerate(zip(vectors, sigmas.tolist(), strict=True)):
+        found = ray(model, mean, v.to(ctx.device), [m * sigma for m in offsets], ctx.probe)
+        rows += [
+            {"direction": i, "sigma": sigma, "offset": m, **row}
+            for m, row in zip(offsets, found, strict=True)
+        ]
+    sigma_rows = sigma_distance(
+        posterior,
+        ctx.probe.test_x,
+        ctx.probe.test_y,
+        sp.sigma_multiples,
+        sp.sigma_draws,
+        derive_seed(p.seed, "sigma_distance", name),
+        bn_x=ctx.probe.bn_x,
+        batch_size=p.evaluate.batch_size,
+    )
+    folder = PLOTS / "swag" / name
+    write_csv(folder / "directions.csv", rows)
+    write_csv(folder / "sigma_distance.csv", sigma_rows)
+    deviations = len(posterior.collector["deviations"])  # type: ignore[arg-type]
+    summary = {"trajectory": name, "sigmas": sigmas.tolist(), "deviations": deviations}
+    out = METRICS / "swag" / f"{name}.json"
+    write_json(out, summary)
+    logged = {f"sigma_{i}": s for i, s in enumerate(sigmas.tolist())}
+    return summary, logged, [folder / "directions.csv", folder / "sigma_distance.csv", out]
+
+
+RUNNERS = {"line": _line, "rays": _rays, "swag_directions": _swag_directions}
+
+
+def run() -> None:
+    p = params()
+    kind, name = _args(p)
+    land = p.evaluate.landscape
+    if kind == "line":
+        spec = land.lines[name]
+        inputs = [_posterior_file(spec.a), _posterior_file(spec.b)]
+        settings: dict[str, Any] = {"line": spec.model_dump(), "t": land.t.model_dump()}
+    else:
+        inputs = [_posterior_file(name)]
+        section = land.rays if kind == "rays" else land.swag
+        settings = {"trajectory": name, kind: section.model_dump()}
+    logged = {**settings, "n_points": land.n_points, "weight_decay": p.pretrain.weight_decay}
+    with tracked(f"{kind}@{name}", p, logged, [MANIFEST, *inputs]) as mlrun:
+        _, metrics, files = RUNNERS[kind](p, name)
+        mlrun.log_metrics(metrics)
+        for file in files:
+            mlrun.log_artifact(file, f"landscape/{kind}/{name}")
+
+
+if __name__ == "__main__":
+    main(run)

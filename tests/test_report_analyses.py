@@ -1,0 +1,479 @@
+"""The report's analyses: planted numbers must come back as the claims' verdicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import math
+
+import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from PIL import Image
+
+from bayesavg.report import analyses
+from bayesavg.report import analyses_numbers as num
+from bayesavg.report.claims import Claim
+from bayesavg.report.inputs import (
+    Landscape,
+    LineData,
+    Predictions,
+    PredictorResult,
+    RayData,
+    ReportInputs,
+    SwagDirections,
+    SweepPoint,
+)
+
+ANGLES = list(range(0, 181, 15))
+CORRUPTIONS = ("shot_noise", "translate", "brightness")
+N, C = 300, 10
+# (name, method, trajectory)
+PREDICTORS = (
+    ("map", "map", "sgd"),
+    ("swa", "swa", "swag"),
+    ("swag", "swag", "swag"),
+    ("fswag", "swag", "fswag"),
+    ("ensemble", "ensemble", "ensemble"),
+)
+PARAMS = {
+    "finetune": {
+        "sgd": {},
+        "swag": {},
+        "fswag": {"sam_rho": 0.05},
+        "ensemble": {"kind": "ensemble"},
+    },
+    "report": {"bootstrap": {"resamples": 300, "seed": 0}},
+}
+
+
+def _log_probs(p_true: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Log-probabilities with p_true on the label and the rest spread evenly."""
+    probs = np.repeat(((1 - p_true) / (C - 1))[:, None], C, axis=1)
+    probs[np.arange(len(y)), y] = p_true
+    return np.log(probs)
+
+
+def _p_true(rng: np.random.Generator, angle: float, boost: float) -> np.ndarray:
+    """Baseline confidence on the label falls with the angle; ``boost`` lifts it (in logit)."""
+    logit = 3.0 - angle / 30 + rng.normal(0, 1.0, N) + boost
+    return 1 / (1 + np.exp(-logit))
+
+
+def _predictions(seed: int, boost_per_degree: float, tiny: float = 0.0) -> Predictions:
+    """Seeded per-point predictions; every predictor shares the baseline's draws (seed 0)
+    so that only ``boost_per_degree`` sets the paired difference. ``tiny``: the baseline's
+    confidences shuffled over the points (the same mean NLL, large per-point differences)
+    and lifted by ``tiny`` in logit: a real but tiny gap."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, C, N)
+    shift = {}
+    for a in ANGLES:
+        p = _p_true(rng, a, boost_per_degree * a)
+        if tiny:
+            p = np.random.default_rng(seed + a).permutation(p)
+            p = 1 / (1 + np.exp(-(np.log(p / (1 - p)) + tiny)))
+        shift[f"rotate_{a}"] = _log_probs(p, y)
+    ood_rng = np.random.default_rng(seed)
+    spread = 1.0 + 2.0 * abs(boost_per_degree) * 100
+    scores = {
+        "test": {"entropy": ood_rng.gamma(1.0, 0.1, 400)},
+        "animal_mnist": {"entropy": ood_rng.gamma(2.0, 0.3 * spread, 500)},
+    }
+    return Predictions(y, shift["rotate_0"], y, shift, scores)
+
+
+def _metrics(i: int, predictions: Predictions, auroc: float) -> dict[str, object]:
+    shift = {}
+    for name, lp in predictions.shift_log_probs.items():
+        nll = float(-lp[np.arange(N), predictions.shift_y].mean())
+        acc = float((lp.argmax(1) == predictions.shift_y).mean())
+        shift[name] = {"accuracy": acc, "nll": nll, "ece": 0.01 * i + nll / 10, "brier": nll / 2}
+        shift[name]["entropy"] = nll / 3
+    for j, name in enumerate(CORRUPTIONS):
+        shift[name] = {k: 0.1 * (j + 1) + 0.01 * i for k in num.SHIFT_METRICS}
+    scores = {"auroc": auroc, "aupr_in": auroc - 0.05, "aupr_out": auroc - 0.02, "fpr95": 1 - auroc}
+    ood = {"animal_mnist": {s: dict(scores) for s, _ in num.OOD_SCORES}}
+    return {
+        "accuracy": 0.98 - 0.001 * i,
+        "nll": 0.05 + 0.01 * i,
+        "ece": 0.01 + 0.002 * i,
+        "brier": 0.03,
+        "sharpness": 0.1 * (i + 1),
+        "hessian_trace": 10.0 * (i + 1) ** 2,
+        "shift": shift,
+        "ood": ood,
+    }
+
+
+def _predictors(boost: float = 0.01, tiny: float = 0.0) -> list[PredictorResult]:
+    out = []
+    for i, (name, method, traj) in enumerate(PREDICTORS):
+        bayes = method not in ("map", "swa")
+        pred = _predictions(i, boost if bayes else 0.0, tiny if bayes else 0.0)
+        auroc = 0.9 if bayes else 0.8
+        out.append(PredictorResult(name, method, traj, 0.5, _metrics(i, pred, auroc), [], [], pred))
+    return out
+
+
+def _quadratic_line(t_min: float) -> LineData:
+    rows = []
+    for t in np.linspace(-1, 2, 13):
+        loss = 0.05 + 0.2 * (t - t_min) ** 2
+        rows.append(
+            {
+                "t": float(t),
+                "train_loss": loss,
+                "weight_decay_term": 0.01 + 0.001 * t**2,
+                "train_error": loss / 5,
+                "test_error": 0.01 + loss / 4,
+                "test_nll": loss * 1.2,
+            }
+        )
+    return LineData("sgd", "swag", "weights", "snapshot_mean", rows)
+
+
+def _ray(traj: str, widths: list[float | None]) -> RayData:
+    rows = []
+    for d, w in enumerate(widths):
+        scale = w if w is not None else 50.0
+        for s in np.linspace(0, 10, 11):
+            loss = 0.05 * (1 + (s / scale) ** 2)
+            rows.append(
+                {
+                    "direction": d,
+                    "distance": float(s),
+                    "train_loss": loss,
+                    "weight_decay_term": 0.01,
+                    "train_error": loss / 5,
+                    "test_error": 0.01 + loss / 4,
+                    "test_nll": loss,
+                }
+            )
+    return RayData(traj, "weights", rows, widths, 0.05, True)
+
+
+def _sigma_rows(flat_to: float, drop: float = 0.2) -> list[dict[str, float]]:
+    rows = []
+    for m in (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0):
+        for draw in range(3):
+            acc = (
+                0.98
+                - 0.002 * draw
+                + (0.0 if m <= flat_to else -drop * math.log10(m / flat_to) - 0.02)
+            )
+            rows.append(
+                {"multiple": m, "draw": draw, "accuracy": acc, "nll": 0.1, "sigma_norm": 3.0}
+            )
+    return rows
+
+
+def _swag(traj: str, flat_to: float) -> SwagDirections:
+    directions = []
+    for d in range(3):
+        for off in np.linspace(-3, 3, 7):
+            loss = 0.05 * (1 + (off / (d + 2)) ** 2)
+            directions.append(
+                {
+                    "direction": d,
+                    "sigma": 0.1 / (d + 1),
+                    "offset": float(off),
+                    "distance": float(off) * 0.1,
+                    "train_loss": loss,
+                    "weight_decay_term": 0.01,
+                    "train_error": loss / 5,
+                    "test_error": 0.01 + loss / 4,
+                    "test_nll": loss,
+                }
+            )
+    return SwagDirections(traj, directions, _sigma_rows(flat_to))
+
+
+def _landscape(t_min: float = 0.8, flat_to: float = 10.0) -> Landscape:
+    return Landscape(
+        lines={"sgd_swag": _quadratic_line(t_min)},
+        rays={
+            "sgd": _ray("sgd", [1.0, 1.5, 2.0, 1.0]),
+            "swag": _ray("swag", [2.0, 2.5, None, 3.0]),
+            "fswag": _ray("fswag", [3.0, 2.0, None, 4.0]),
+        },
+        swag={"swag": _swag("swag", flat_to), "fswag": _swag("fswag", 100.0)},
+    )
+
+
+def _sweep() -> list[SweepPoint]:
+    return [SweepPoint(w, 10, 5, 0.95, 4, {}, [], _sigma_rows(5.0 * w)) for w in (1, 10)]
+
+
+def _inputs(**changes: object) -> ReportInputs:
+    base = ReportInputs(
+        "t",
+        _predictors(),
+        {},
+        PARAMS,
+        {},
+        baseline="map",
+        pairs=[("swag", "fswag")],
+        dswag_sweep=_sweep(),
+        landscape=_landscape(),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture(scope="module")
+def inputs() -> ReportInputs:
+    return _inputs()
+
+
+@pytest.fixture(scope="module")
+def pngs(inputs: ReportInputs) -> dict[str, bytes]:
+    return analyses.draw(inputs)
+
+
+def _claim(found: list[Claim], text: str) -> Claim:
+    return next(c for c in found if text in c.statement)
+
+
+# ---------------------------------------------------------------- landscape
+
+
+@pytest.mark.parametrize(
+    ("t_min", "holds"), [(0.75, True), (1.0, True), (0.0, False), (-0.25, False)]
+)
+def test_line_claim_finds_the_planted_minimum(t_min: float, holds: bool) -> None:
+    line = _quadratic_line(t_min)
+    assert num.line_minimum(line).t_min == pytest.approx(t_min)
+    claim = _claim(analyses.claims(_inputs(landscape=_landscape(t_min=t_min))), "edge of the basin")
+    assert claim.holds is holds
+    assert f"t = {t_min:g}" in claim.evidence
+
+
+def test_widths_claim_compares_the_planted_widths() -> None:
+    lands = _landscape()
+    wide = _claim(analyses.claims(_inputs(landscape=lands)), "swag centre lies in a wider")
+    assert wide.holds is True
+    assert "wider in 4 and narrower in 0 of 4" in wide.evidence
+    swapped = dataclasses.replace(
+        lands, rays={"sgd": lands.rays["swag"], "swag": lands.rays["sgd"]}
+    )
+    narrow = _claim(analyses.claims(_inputs(landscape=swapped)), "swag centre lies in a wider")
+    assert narrow.holds is False
+
+
+def test_widths_beyond_the_grid_count_as_its_end() -> None:
+    ray = _ray("swag", [2.0, None])
+    assert num.ray_widths(ray) == [2.0, 10.0]
+
+
+def test_mixed_directions_leave_the_width_claim_undecided() -> None:
+    c = num.compare_widths(_ray("sgd", [1.0, 1.0, 5.0]), _ray("swag", [3.0, 0.5, 4.0]))
+    assert c is not None and c.mean_wide > c.mean_narrow
+    assert (c.wider, c.narrower) == (1, 2)
+    assert c.verdict is None
+
+
+@pytest.mark.parametrize(("flat_to", "holds"), [(2.0, False), (10.0, False), (100.0, True)])
+def test_sigma_distance_returns_the_planted_breakpoint(flat_to: float, holds: bool) -> None:
+    curve = num.sigma_curve(_sigma_rows(flat_to))
+    assert curve is not None and num.flat_up_to(curve) == flat_to
+    claim = _claim(analyses.claims(_inputs(landscape=_landscape(flat_to=flat_to))), "(swag)")
+    assert claim.holds is holds
+    assert f"up to m = {flat_to:g}" in claim.evidence
+
+
+def test_sigma_claim_is_undecided_when_the_grid_stops_short() -> None:
+    rows = [r for r in _sigma_rows(100.0) if r["multiple"] <= 20]
+    curve = num.sigma_curve(rows)
+    assert num.flat_up_to(curve) == 20.0
+    assert num.flat_verdict(curve, 20.0) is None
+
+
+def test_missing_landscape_gives_no_crash_and_undecided_claims() -> None:
+    bare = _inputs(landscape=None, dswag_sweep=[])
+    found = analyses.claims(bare)
+    for text in ("edge of the basin", "swag centre lies in a wider", "flat out to"):
+        claim = _claim(found, text)
+        assert claim.holds is None and "no landscape" in claim.evidence
+    drawn = analyses.draw(bare)
+    assert not {"analysis_line", "analysis_rays", "analysis_sigma_distance"} & set(drawn)
+    blocks = analyses.sections(bare, drawn)
+    assert any("No landscape figures" in getattr(b, "text", "") for b in blocks)
+
+
+def test_nothing_at_all_still_renders_sections() -> None:
+    bare = ReportInputs("t", [], {}, {}, {})
+    assert analyses.draw(bare) == {}
+    assert all(c.holds is None for c in analyses.claims(bare))
+    assert analyses.sections(bare, {})
+
+
+# ---------------------------------------------------------------- sharpness
+
+
+def _brute_spearman(x: list[float], y: list[float]) -> float:
+    """Average ranks by counting, then Pearson's formula written out."""
+
+    def rank(v: list[float]) -> list[float]:
+        return [sum(w < a for w in v) + (sum(w == a for w in v) + 1) / 2 for a in v]
+
+    rx, ry = rank(x), rank(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy)
+
+
+def test_spearman_matches_brute_force_with_ties() -> None:
+    x = [0.3, 0.1, 0.3, 0.7, 0.2, 0.7, 0.9]
+    y = [2.0, 1.0, 1.5, 1.5, 3.0, 4.0, 0.5]
+    assert num.spearman(x, y) == pytest.approx(_brute_spearman(x, y), abs=1e-12)
+    assert list(num.ranks(np.array(x))) == [3.5, 1.0, 3.5, 5.5, 2.0, 5.5, 7.0]
+
+
+def test_exact_permutation_p_counts_orderings() -> None:
+    x = [1.0, 2.0, 3.0, 4.0]
+    # Only the identity ordering reaches rho = 1: p = 1 / 4!.
+    assert num.permutation_p(x, x) == pytest.approx(1 / math.factorial(4))
+    rhos = [num.spearman(x, list(p)) for p in itertools.permutations(x)]
+    assert num.permutation_p(x, [4.0, 3.0, 2.0, 1.0]) == 1.0
+    assert min(rhos) == -1.0
+
+
+def _with_sharpness(inputs: ReportInputs, sign: float) -> ReportInputs:
+    ps = []
+    for i, p in enumerate(inputs.predictors):
+        m = {**p.metrics, "sharpness": 0.1 + 0.05 * i, "hessian_trace": 5.0 + i}
+        m["ece"] = 0.05 + sign * 0.005 * i
+        m["nll"] = 0.2 + sign * 0.01 * i
+        ps.append(dataclasses.replace(p, metrics=m))
+    return dataclasses.replace(inputs, predictors=ps)
+
+
+@pytest.mark.parametrize(("sign", "holds"), [(1.0, True), (-1.0, False)])
+def test_flat_calibration_claim_follows_the_planted_sign(
+    inputs: ReportInputs, sign: float, holds: bool
+) -> None:
+    planted = _with_sharpness(inputs, sign)
+    for x in ("sharpness", "hessian_trace"):
+        found = analyses.sharpness_correlations(planted, x)
+        assert [c.rho for c in found] == [pytest.approx(sign), pytest.approx(sign)]
+        assert all(c.n == len(PREDICTORS) for c in found)
+    claim = _claim(analyses.claims(planted), "lower SAM sharpness")
+    assert claim.holds is holds
+    assert f"n = {len(PREDICTORS)}" in claim.evidence
+
+
+# ---------------------------------------------------------------- shift and OOD
+
+
+def test_a_tiny_shift_gap_is_within_noise(inputs: ReportInputs) -> None:
+    tiny = _inputs(predictors=_predictors(boost=0.0, tiny=1e-3))
+    gaps = num.shift_gaps(tiny, tiny.predictors[0])
+    assert [g.predictor for g in gaps] == ["swag", "fswag", "ensemble"]
+    for g in gaps:
+        assert all(iv is not None and iv.verdict() == "within noise" for iv in g.intervals)
+        assert g.growth is not None and g.growth.low < 0 < g.growth.high
+        assert num.growth_verdict(g) is None
+    claim = _claim(analyses.claims(tiny), "helps most under shift")
+    assert claim.holds is None
+
+
+def test_a_growing_shift_gap_holds(inputs: ReportInputs) -> None:
+    gaps = num.shift_gaps(inputs, inputs.predictors[0])
+    for g in gaps:
+        assert g.gap[-1] > g.gap[0]
+        assert g.growth is not None and g.growth.low > 0
+        assert g.intervals[-1] is not None and g.intervals[-1].verdict() == "better"
+    assert _claim(analyses.claims(inputs), "helps most under shift").holds is True
+    shrinking = _inputs(predictors=_predictors(boost=-0.01))
+    assert _claim(analyses.claims(shrinking), "helps most under shift").holds is False
+
+
+def test_shift_claim_without_predictions_has_no_interval(inputs: ReportInputs) -> None:
+    bare = [dataclasses.replace(p, predictions=None) for p in inputs.predictors]
+    claim = _claim(analyses.claims(_inputs(predictors=bare)), "helps most under shift")
+    assert claim.holds is None and "no interval" in claim.evidence
+
+
+def test_corruption_summary_means_and_worst(inputs: ReportInputs) -> None:
+    s = num.corruption_summary(inputs.predictors[1])
+    assert s is not None and s["worst"] == "brightness"
+    assert s["means"]["nll"] == pytest.approx(0.2 + 0.01)
+
+
+def test_ood_claim_compares_entropy_auroc(inputs: ReportInputs) -> None:
+    claim = _claim(analyses.claims(inputs), "detect OOD")
+    assert claim.holds is True and "3 are higher" in claim.evidence
+    flipped = []
+    for p in inputs.predictors:
+        auroc = 0.7 if num.is_bayesian(p) else 0.9
+        ood = {"animal_mnist": {"entropy": {"auroc": auroc}}}
+        flipped.append(dataclasses.replace(p, metrics={**p.metrics, "ood": ood}))
+    assert _claim(analyses.claims(_inputs(predictors=flipped)), "detect OOD").holds is False
+
+
+def test_auroc_standard_error_shrinks_with_points() -> None:
+    assert num.auroc_se(0.9, 4000, 4000) < num.auroc_se(0.9, 400, 400)
+    assert num.auroc_se(1.0, 100, 100) == 0.0
+
+
+def test_single_networks_have_no_mutual_information_row(
+    inputs: ReportInputs, pngs: dict[str, bytes]
+) -> None:
+    blocks = analyses.sections(inputs, pngs)
+    tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
+    mi = next(t for t in tables if any("MI = 0" in r[1].text for r in t.rows))
+    assert {r[0].text for r in mi.rows if "MI = 0" in r[1].text} == {"map", "swa"}
+
+
+# ---------------------------------------------------------------- figures
+
+
+EXPECTED = {
+    "analysis_shift",
+    "analysis_shift_gap",
+    "analysis_ood",
+    "analysis_line",
+    "analysis_rays",
+    "analysis_swag_directions",
+    "analysis_sigma_distance",
+    "analysis_sharpness",
+}
+
+
+def test_every_figure_is_a_valid_png(pngs: dict[str, bytes]) -> None:
+    assert set(pngs) == EXPECTED
+    for png in pngs.values():
+        with Image.open(io.BytesIO(png)) as image:
+            image.verify()
+            assert image.format == "PNG"
+
+
+def test_legends_lie_inside_the_canvas(inputs: ReportInputs) -> None:
+    for name, fig in analyses.build_figures(inputs).items():
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+        bbox = fig.bbox
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            inside = (
+                box.x0 >= bbox.x0 - 1
+                and box.y0 >= bbox.y0 - 1
+                and box.x1 <= bbox.x1 + 1
+                and box.y1 <= bbox.y1 + 1
+            )
+            assert inside, f"{name}: legend {box} outside {bbox}"
+
+
+def test_sections_embed_every_drawn_figure(inputs: ReportInputs, pngs: dict[str, bytes]) -> None:
+    blocks = analyses.sections(inputs, pngs)
+    shown = {b.name for b in blocks if getattr(b, "kind", "") == "figure"}
+    assert shown == set(pngs)
+
+
+def test_drawing_twice_is_byte_identical(inputs: ReportInputs, pngs: dict[str, bytes]) -> None:
+    assert analyses.draw(inputs) == pngs

@@ -603,13 +603,13 @@ def test_comparisons_use_paired_intervals(predicted: ReportInputs) -> None:
 def test_every_metric_cell_carries_its_interval(predicted: ReportInputs) -> None:
     unc = compute(predicted)
     table = metrics_table(predicted.predictors, unc)
-    cells = [row[4:8] for row in table.rows]
+    cells = [row[3:7] for row in table.rows]
     interval = re.compile(r"^-?[\d.]+ \[-?[\d.]+, -?[\d.]+\]$")
     assert all(interval.match(c.text) for row in cells for c in row)
     for p, row in zip(predicted.predictors, table.rows, strict=True):
         nll = unc.estimate(p.name, "nll")
         assert nll is not None and nll.low <= nll.value <= nll.high
-        assert row[5].text.startswith(f"{nll.value:.4f} [")
+        assert row[4].text.startswith(f"{nll.value:.4f} [")
     plain = metrics_table(_inputs().predictors, compute(_inputs()))
     assert not any("[" in c.text for row in plain.rows for c in row)
     assert "No interval for map, swa, swag" in metrics_note(

@@ -1,9 +1,11 @@
 """Final report of the pipeline: an offline HTML page and a Markdown twin.
 
-``findings`` says what beats what, ``figures`` draws, ``document`` lays out
-every section once as blocks and ``render`` writes them as HTML and
-Markdown. No module here imports torch: the report stage only reads JSON
-and CSV.
+``uncertainty`` computes every bootstrap interval once (torch, via
+``bayesavg.intervals``) from the per-point predictions, ``findings`` says
+what beats what beyond noise, ``headline`` ranks and lists the papers'
+claims, ``figures`` draws small multiples by family (``style``),
+``document`` lays out every section once as blocks (``blocks``) and
+``render`` writes them as HTML and Markdown.
 """
 
 from .findings import pair_predictors

@@ -309,16 +309,19 @@ def claims(inputs: ReportInputs, unc: Uncertainty) -> list[Claim]:
 
 
 def metrics_table(predictors: list[PredictorResult], unc: Uncertainty) -> Table:
-    """Every metric with its 95% interval where predictions exist; the best value bold."""
+    """Every metric with its 95% interval where predictions exist; the best value bold.
+
+    The method is in the setup paragraph; leaving it out keeps four intervals on a line.
+    """
     best = {}
     for key, _ in _COLUMNS:
         values = [v for p in predictors if math.isfinite(v := p.metric(key))]
         higher = not LOWER_IS_BETTER[key]
         best[key] = (max if higher else min)(values) if values else None
-    header = ["Predictor", "Method", "Trajectory", "Scale", *(h for _, h in _COLUMNS), "Samples"]
+    header = ["Predictor", "Trajectory", "Scale", *(h for _, h in _COLUMNS), "Samples"]
     rows = []
     for p in predictors:
-        row = [Cell(p.name), Cell(p.method), Cell(p.trajectory), Cell(f"{p.scale:g}")]
+        row = [Cell(p.name), Cell(p.trajectory), Cell(f"{p.scale:g}")]
         for key, _ in _COLUMNS:
             v = p.metric(key)
             text = with_interval(key, v, unc.estimate(p.name, key))

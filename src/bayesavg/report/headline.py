@@ -4,6 +4,7 @@ papers' claims hold on this run, so a reader gets the answer before the details.
 from __future__ import annotations
 
 import math
+import re
 
 from . import distributed, findings
 from .blocks import Block, Bullets, Heading, Paragraph, TableBlock
@@ -64,7 +65,7 @@ def claim_text(claim: Claim) -> str:
 
 
 def _short(text: str) -> str:
-    first = text.split(". ", 1)[0].rstrip(".")
+    first = re.split(r"(?<!Fig)\. (?=[A-Z])", text, maxsplit=1)[0].rstrip(".")
     if len(first) > _SHORT:
         first = first[:_SHORT].rsplit(" ", 1)[0] + " ..."
     return f"{first} (in full under Distributed SWAG)"

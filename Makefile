@@ -24,10 +24,13 @@ install: $(STAMP)
 
 run: install
 	dvc repro
+	@python scripts/check_report.py reports/report.html; rc=$$?; \
+	if [ $$rc -eq 2 ]; then echo "(the report was not checked in a browser)"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
 
 lint: install
-	ruff check src stages tests benchmarks
-	ruff format --check src stages tests benchmarks
+	ruff check src stages tests benchmarks scripts
+	ruff format --check src stages tests benchmarks scripts
 
 test: lint
 	pytest

@@ -47,7 +47,7 @@ from bayesavg.report.findings import (
 )
 from bayesavg.report.headline import claim_text, ranking_table
 from bayesavg.report.render import to_html, to_markdown
-from bayesavg.report.uncertainty import Settings, compute
+from bayesavg.report.uncertainty import Settings, compare, compute
 
 PNG_MAGIC = b"\x89PNG"
 
@@ -598,6 +598,23 @@ def test_comparisons_use_paired_intervals(predicted: ReportInputs) -> None:
     assert swag.index("improves") < swag.index("McNemar")
     lines = baseline_lines(_inputs(), compute(_inputs()))
     assert all("no per-point predictions, so no interval and no verdict" in x for x in lines)
+
+
+def test_any_pair_is_compared_once_on_request(predicted: ReportInputs) -> None:
+    """Pairs beyond the baseline's and the counterparts' (the DSWAG roles) are bootstrapped
+    when first asked for, then kept, as the whole Uncertainty is per inputs object."""
+    unc = compute(predicted)
+    assert compute(predicted) is unc
+    assert ("swa", "swag") not in unc.comparisons
+    comp = unc.comparison("swa", "swag")
+    by_name = {p.name: p for p in predicted.predictors}
+    assert comp is not None and comp == compare(by_name["swa"], by_name["swag"], unc.settings)
+    assert unc.comparison("swa", "swag") is comp
+    assert unc.comparison("swa", "swa") is None and unc.comparison("swa", "nope") is None
+    assert unc.comparison("swa", "swag") is unc.requested[("swa", "swag")]
+    # An equal but new inputs object is computed afresh, to the same numbers.
+    fresh = compute(dataclasses.replace(predicted))
+    assert fresh is not unc and fresh.comparisons == unc.comparisons
 
 
 def test_every_metric_cell_carries_its_interval(predicted: ReportInputs) -> None:

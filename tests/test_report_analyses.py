@@ -391,6 +391,25 @@ def test_a_growing_shift_gap_holds(inputs: ReportInputs) -> None:
     assert _claim(analyses.claims(shrinking), "helps most under shift").holds is False
 
 
+def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drawn, claimed and tabled from one computation, with the numbers of a fresh one."""
+    fresh, original, calls = _inputs(), num.shift_gaps, []
+
+    def counted(inputs: ReportInputs, base: PredictorResult) -> list[num.ShiftGap]:
+        calls.append(inputs)
+        return original(inputs, base)
+
+    monkeypatch.setattr(num, "shift_gaps", counted)
+    pngs = analyses.draw(fresh)
+    claim = _claim(analyses.claims(fresh), "helps most under shift")
+    blocks = analyses.sections(fresh, pngs)
+    assert calls == [fresh]
+    gaps = original(fresh, fresh.predictors[0])
+    assert claim.holds is True and f"{num.large_gap(gaps[0]):+.4f}" in str(blocks)
+    tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
+    assert any("Growth [95%]" in t.header for t in tables)
+
+
 def test_shift_claim_without_predictions_has_no_interval(inputs: ReportInputs) -> None:
     bare = [dataclasses.replace(p, predictions=None) for p in inputs.predictors]
     claim = _claim(analyses.claims(_inputs(predictors=bare)), "helps most under shift")

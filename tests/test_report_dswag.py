@@ -12,7 +12,9 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from test_report import (
     PNG_MAGIC,
     _HtmlContent,
@@ -22,13 +24,17 @@ from test_report import (
     no_analyses,  # noqa: F401 (autouse: the analyses section pinned to nothing)
 )
 
-from bayesavg.report import ReportInputs, SweepPoint, write_report
+from bayesavg.metrics import accuracy, brier, ece, nll
+from bayesavg.report import Predictions, PredictorResult, ReportInputs, SweepPoint, write_report
+from bayesavg.report.claims import Claim
 from bayesavg.report.distributed import (
+    PAPER,
     SIGN_NOTE,
     accuracy_interval,
     claims,
     dswag_roles,
     flat_range,
+    overview,
     sigma_curve,
 )
 from bayesavg.report.figures import (
@@ -39,6 +45,8 @@ from bayesavg.report.figures import (
     reliability_layout,
     run_offset,
 )
+from bayesavg.report.headline import claim_text
+from bayesavg.report.uncertainty import compute
 
 DSWAG_FIGURES = ("dswag_rounds", "dswag_reliability", "dswag_sigma_distance", "dswag_workers")
 MULTIPLES = (0.0, 1.0, 10.0, 100.0)
@@ -169,9 +177,13 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_report(_dswag_inputs(), tmp_path_factory.mktemp("dswag") / "out")
 
 
-def _claim(lines: list[str], tag: str) -> str:
-    (line,) = [line for line in lines if line.startswith(f"({tag}) ")]
-    return line
+def _claim(found: list[Claim], tag: str) -> Claim:
+    (claim,) = [c for c in found if c.statement.startswith(f"({tag}) ")]
+    return claim
+
+
+def _tags(found: list[Claim]) -> list[str]:
+    return [re.match(r"\((\w'*)\) ", c.statement)[1] for c in found]  # type: ignore[index]
 
 
 def test_roles_come_from_kind_start_and_method() -> None:
@@ -212,9 +224,13 @@ def test_html_and_markdown_carry_the_same_dswag_content(written: dict[str, Path]
     assert page.headings == md.headings
     assert "Distributed SWAG" in md.headings and "The paper's claims on this data" in md.headings
     assert page.rows == md.rows and page.bullets == md.bullets and page.captions == md.captions
-    for line in claims(_dswag_inputs()):
-        assert line in md.bullets
-    assert SIGN_NOTE in written["md"].read_text(encoding="utf-8")
+    text = written["md"].read_text(encoding="utf-8")
+    headline = text.split("## Headline")[1].split("\n## ")[0]
+    section = text.split("## Distributed SWAG")[1].split("\n## ")[0]
+    for claim in claims(_dswag_inputs()):
+        # The same line, in full, in the headline and in its section.
+        assert f"- {claim_text(claim)}\n" in headline and f"- {claim_text(claim)}\n" in section
+    assert SIGN_NOTE in text
 
 
 def test_no_nan_or_inf_anywhere(written: dict[str, Path]) -> None:
@@ -226,37 +242,68 @@ def test_no_nan_or_inf_anywhere(written: dict[str, Path]) -> None:
 
 
 def test_claims_say_where_they_do_not_hold() -> None:
-    lines = claims(_dswag_inputs())
-    tags = [re.match(r"\((\w'*)\) |Left out of \(d\)", line)[0] for line in lines]
-    expected = ["(a) ", "(a') ", "(b) ", "(c) ", "(d) ", "(d') ", "(d'') ", "Left out of (d)"]
-    assert tags == [*expected, "(e) "]
-    a = _claim(lines, "a")
-    assert ": does not hold: " in a
-    assert "W=8 (2 rounds) is not more than W=4 (3 rounds)" in a
-    assert "W=1 not reached in 6 rounds" in a
+    found = claims(_dswag_inputs())
+    assert all(c.paper == PAPER for c in found)
+    assert _tags(found) == ["a", "a'", "b", "b'", "c", "c'", "d", "d'", "d''", "e"]
+    a = _claim(found, "a")
+    assert a.holds is False and "; does not hold: " in a.evidence
+    assert "W=8 (2 rounds) is not more than W=4 (3 rounds)" in a.evidence
+    assert "W=1 not reached in 6 rounds" in a.evidence
     # The W=1 run never reached the target, W=4 did: not an increase.
-    assert "W=4 (3 rounds) is not more than W=1 (not reached)" in a
-    assert ": does not hold: " in _claim(lines, "a'")  # accuracy rises with W here
-    b = _claim(lines, "b")
-    assert "does not hold on trajectory fed (dsg vs fa)" in b
-    assert "NLL 0.1700 vs 0.1500 (+0.0200, no interval)" in b
-    assert "includes 0, not shown to differ" in b
-    assert "lower than FedAvg's at 2 of 2 worker counts" in b
-    assert "no DSWAG at W=1 (1 snapshot): fewer than 2 snapshots, so no variance" in b
-    c = _claim(lines, "c")
-    assert "better calibration holds (dsg ECE 0.0100 vs base 0.0300, -0.0200)" in c
-    assert "NLL not lower (0.1700 vs 0.1200, +0.0500)" in c
-    assert "other" not in c  # a swag run from pretrain is not SWAG after distributed training
-    d = _claim(lines, "d")
-    assert "holds at W=4 only" in d
-    assert "W=8 within 1 pp of 96.00% up to m = 100" in d
-    assert "does not hold at any W" not in _claim(lines, "d'") and "W=8" in _claim(lines, "d'")
-    d2 = _claim(lines, "d''")
-    assert "W=1" not in d2  # no variance: left out, and said so
-    assert any(line.startswith("Left out of (d): W=1 (1 snapshot)") for line in lines)
-    e = _claim(lines, "e")
-    assert "DSWAG: does not hold: W=8 (0.2000) is not higher than W=4 (0.2700)" in e
-    assert "FedAvg: does not hold" in e and "DSWAG has no value at W=1" in e
+    assert "W=4 (3 rounds) is not more than W=1 (not reached)" in a.evidence
+    assert _claim(found, "a'").holds is False  # accuracy rises with W here
+    b = _claim(found, "b")
+    assert b.holds is False
+    assert b.evidence.startswith("Does not hold on trajectory fed (dsg vs fa)")
+    assert "NLL 0.1700 vs 0.1500 (+0.0200, no interval" in b.evidence
+    assert "unpaired binomial 95% interval" in b.evidence
+    assert "includes 0, not shown to differ" in b.evidence
+    sweep = _claim(found, "b'")
+    # NLL lower at both W, accuracy beyond the interval at W=8 only: partial, undecided.
+    assert sweep.holds is None
+    assert "lower than FedAvg's at 2 of 2 worker counts" in sweep.evidence
+    assert "excluding 0 at 1 (W=8)" in sweep.evidence
+    assert "no DSWAG at W=1 (1 snapshot): fewer than 2 snapshots, so no variance" in sweep.evidence
+    c = _claim(found, "c")
+    # Without predictions, calibration is decided by the values: ECE 0.010 < 0.030.
+    assert c.holds is True and "better calibration holds" in c.evidence
+    assert "ECE 0.0100 vs 0.0300 (-0.0200, no interval" in c.evidence
+    assert "NLL 0.1700 vs 0.1200 (+0.0500, no interval" in c.evidence
+    assert "other" not in c.evidence  # a swag run from pretrain is not SWAG after distributed
+    confident = _claim(found, "c'")
+    assert confident.holds is False and "dsg mean confidence" in confident.evidence
+    d = _claim(found, "d")
+    assert d.holds is None and d.evidence.startswith("Holds at W=4 only")
+    assert "W=8 within 1 pp of 96.00% up to m = 100" in d.evidence
+    assert "Left out: W=1 (1 snapshot)" in d.evidence  # no variance: said so, not NaN
+    d1 = _claim(found, "d'")
+    assert d1.holds is None and d1.evidence.startswith("Holds at W=8 only")
+    d2 = _claim(found, "d''")
+    assert d2.holds is False and "W=1" not in d2.evidence
+    e = _claim(found, "e")
+    assert e.holds is False
+    assert "DSWAG: does not hold: W=8 (0.2000) is not higher than W=4 (0.2700)" in e.evidence
+    assert "FedAvg: does not hold" in e.evidence and "DSWAG has no value at W=1" in e.evidence
+
+
+def test_sweep_claims_hold_only_where_every_step_does() -> None:
+    """NLL rising with W for every predictor, rounds rising too: (a) and (e) hold."""
+    sweep = _sweep()
+    rising = [
+        dataclasses.replace(
+            p,
+            rounds_to_target=2 + i,
+            metrics={
+                k: (None if v is None else {**v, "nll": 0.1 + 0.1 * i})
+                for k, v in p.metrics.items()
+            },
+        )
+        for i, p in enumerate(sweep)
+    ]
+    found = claims(dataclasses.replace(_dswag_inputs(), dswag_sweep=rising))
+    assert _claim(found, "a").holds is True
+    assert _claim(found, "e").holds is True
+    assert _claim(found, "e").evidence.startswith("DSWAG: holds at every step")
 
 
 def test_accuracy_interval_is_the_unpaired_binomial_one() -> None:
@@ -285,13 +332,14 @@ def test_report_without_sweep_or_dswag_leaves_the_part_out(tmp_path: Path) -> No
     no_sweep = dataclasses.replace(full, dswag_sweep=[])
     paths = write_report(no_sweep, tmp_path / "trajectory")
     assert [n for n in DSWAG_FIGURES if n in paths] == ["dswag_reliability"]
-    assert [line[:3] for line in claims(no_sweep)] == ["(b)", "(c)"]
+    assert _tags(claims(no_sweep)) == ["b", "c", "c'"]
     # A sweep without dswag predictors: the sweep figures, no reliability comparison.
     no_roles = dataclasses.replace(full, params={"finetune": {}})
     paths = write_report(no_roles, tmp_path / "sweep")
     drawn = [n for n in DSWAG_FIGURES if n in paths]
     assert drawn == [n for n in DSWAG_FIGURES if n != "dswag_reliability"]
-    assert not any(line.startswith("(c)") for line in claims(no_roles))
+    assert _tags(claims(no_roles)) == ["a", "a'", "b", "b'", "d", "d'", "d''", "e"]
+    assert _claim(claims(no_roles), "b").holds is None
     md = paths["md"].read_text(encoding="utf-8")
     assert "## Distributed SWAG" in md
 
@@ -350,7 +398,109 @@ def test_targets_not_reached_are_not_ordered() -> None:
         dataclasses.replace(sweep[2], workers=32, rounds_to_target=None),
     ]
     a = _claim(claims(dataclasses.replace(_dswag_inputs(), dswag_sweep=late)), "a")
-    assert "holds at every step that can be ordered (W=16 and W=32 both not reached)" in a
+    assert "holds at every step that can be ordered (W=16 and W=32 both not reached)" in a.evidence
+    assert a.holds is True
     never = [dataclasses.replace(p, rounds_to_target=None) for p in late]
     a = _claim(claims(dataclasses.replace(_dswag_inputs(), dswag_sweep=never)), "a")
-    assert "cannot be checked" in a
+    assert "cannot be checked" in a.evidence and a.holds is None
+
+
+def _scored(y: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Log-probabilities over 10 classes: 0.9 on the label where ``right``, else on the next."""
+    guess = np.where(right, y, (y + 1) % 10)
+    probs = np.full((len(y), 10), 0.1 / 9)
+    probs[np.arange(len(y)), guess] = 0.9
+    return np.log(probs)
+
+
+def _predicted(p: PredictorResult, y: np.ndarray, log_probs: np.ndarray) -> PredictorResult:
+    """The predictor with these predictions and the metrics they give."""
+    lp, labels = torch.from_numpy(log_probs), torch.from_numpy(y)
+    metrics = {
+        **p.metrics,
+        "accuracy": float(accuracy(lp, labels)),
+        "nll": float(nll(lp, labels)),
+        "ece": float(ece(lp, labels, 20)),
+        "brier": float(brier(lp, labels)),
+    }
+    return dataclasses.replace(
+        p, metrics=metrics, predictions=Predictions(y=y, log_probs=log_probs)
+    )
+
+
+def _paired_inputs() -> ReportInputs:
+    """fa and base right on the same 900 of 1,000 points, dsg on those and 12 more.
+
+    +1.2 pp on 1,000 points is within an unpaired interval (about ±2.6 pp), but
+    the two differ on 12 points only, all 12 for dsg: the paired one excludes 0.
+    """
+    y = np.random.default_rng(0).integers(0, 10, 1000)
+    points = np.arange(1000)
+    found = {
+        "fa": _scored(y, points < 900),
+        "base": _scored(y, points < 900),
+        "dsg": _scored(y, points < 912),
+    }
+    inputs = _dswag_inputs()
+    predictors = [
+        _predicted(p, y, found[p.name]) if p.name in found else p for p in inputs.predictors
+    ]
+    bootstrap = {"report": {"bootstrap": {"resamples": 500, "seed": 0}}}
+    return dataclasses.replace(inputs, predictors=predictors, params={**inputs.params, **bootstrap})
+
+
+def _without_predictions(inputs: ReportInputs, *names: str) -> ReportInputs:
+    predictors = [
+        dataclasses.replace(p, predictions=None) if p.name in names else p
+        for p in inputs.predictors
+    ]
+    return dataclasses.replace(inputs, predictors=predictors)
+
+
+def test_b_and_c_use_the_paired_interval_where_predictions_exist(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inputs = _paired_inputs()
+    low, high = accuracy_interval(0.912, 0.900, 1000)
+    assert low < 0 < high  # what the unpaired interval would say
+    found = claims(inputs)
+    b, c = _claim(found, "b"), _claim(found, "c")
+    unc = compute(inputs)
+    to_fedavg, to_swag = unc.comparison("fa", "dsg"), unc.comparison("base", "dsg")
+    assert to_fedavg is not None and to_swag is not None
+    assert to_fedavg.intervals["accuracy"].low > 0 and to_fedavg.intervals["nll"].high < 0
+    # (b): lower NLL and higher accuracy, both beyond the paired interval.
+    assert b.holds is True and "unpaired" not in b.evidence
+    assert "accuracy 91.20% vs 90.00% (+1.20 pp, paired bootstrap 95% interval +" in b.evidence
+    assert f"McNemar p = {to_fedavg.mcnemar_p:.2g}: higher)" in b.evidence
+    assert re.search(r"NLL [\d.]+ vs [\d.]+ \(-[\d.]+, paired bootstrap .*: lower\)", b.evidence)
+    # (c): every metric paired, and the verdict is the paired ECE interval's.
+    assert "unpaired" not in c.evidence and c.evidence.count("paired bootstrap") == 4
+    verdict = to_swag.intervals["ece"].verdict()
+    assert c.holds is {"better": True, "worse": False, "within noise": None}[verdict]
+    assert "accuracy 91.20% vs 90.00% (+1.20 pp, paired bootstrap" in c.evidence
+    assert "Intervals: the trajectory's predictors are compared by the 95% paired" in (
+        overview(inputs) or ""
+    )
+    # Computed once for the report: asked again, nothing is bootstrapped anew.
+    monkeypatch.setattr("bayesavg.report.uncertainty.compare", lambda *a: pytest.fail("again"))
+    assert claims(inputs) == found
+
+
+def test_b_and_c_fall_back_to_the_unpaired_interval_without_predictions() -> None:
+    inputs = _paired_inputs()
+    # base has no predictions: (b) stays paired, (c) falls back and says so.
+    found = claims(_without_predictions(inputs, "base"))
+    assert _claim(found, "b").holds is True
+    c = _claim(found, "c")
+    assert "paired bootstrap" not in c.evidence
+    assert "accuracy 91.20% vs 90.00% (+1.20 pp, unpaired binomial 95% interval" in c.evidence
+    assert "no paired per-point predictions: includes 0, not shown to differ)" in c.evidence
+    assert "ECE" in c.evidence and "no interval: no paired per-point predictions" in c.evidence
+    # By value, as without an interval: dsg's ECE (0.012) is above base's (0), so it fails.
+    assert c.holds is False
+    # No predictions at all: the same +1.2 pp is no longer shown; (b) holds for NLL only.
+    b = _claim(claims(_without_predictions(inputs, "fa", "dsg", "base")), "b")
+    assert b.holds is None and b.evidence.startswith("Holds for NLL only on trajectory fed")
+    assert "+1.20 pp, unpaired binomial 95% interval" in b.evidence
+    assert "includes 0, not shown to differ" in b.evidence

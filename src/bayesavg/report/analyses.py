@@ -15,6 +15,7 @@ from .claims import Claim
 from .findings import Cell, Table
 from .inputs import ReportInputs
 from .style import baseline
+from .uncertainty import per_inputs
 
 SWA = "SWA (Izmailov et al. 2018)"
 BMA = "Bayesian model averaging (SWAG, Maddox et al. 2019)"
@@ -50,7 +51,10 @@ CAPTIONS = {
 }
 
 
+@per_inputs
 def _shift_gaps(inputs: ReportInputs) -> list[num.ShiftGap]:
+    """Paired bootstraps per Bayesian predictor and angle: drawn, claimed and tabled, so
+    computed once per inputs."""
     base = baseline(inputs)
     return num.shift_gaps(inputs, base) if base is not None and num.angles(base) else []
 

@@ -1,17 +1,19 @@
 """The DSWAG paper's claims (Kiriti, Tsai, Duncan; ALGORITHMS §8) as found on this run.
 
-Pure over the input dataclasses, like ``findings``: which predictors play
-DSWAG's roles, the worker sweep's tables, and one statement per claim that
-says whether it holds here, with the numbers. As in ``findings``, a claim
-must be earned: ties and missing values never count for it.
+Pure over the input dataclasses and the report's intervals, like
+``findings``: which predictors play DSWAG's roles, the worker sweep's
+tables, and one ``Claim`` per statement of the paper that says whether it
+holds here, with the numbers. As in ``findings``, a claim must be earned:
+ties and missing values never count for it.
 
-Intervals: the paired bootstrap of ALGORITHMS §10 needs per-point
-predictions, which the metrics files do not keep. An accuracy difference
-gets an unpaired binomial 95% interval instead; it is wider than the paired
-one whenever the two predictors err on the same points (as related networks
-do), so "excludes 0" stays a safe statement. NLL, ECE and Brier have no
-per-point spread here: their differences are given without an interval, and
-the sweep shows whether a sign holds across W.
+Intervals: DSWAG against its FedAvg model and against SWAG after
+distributed training is the paired bootstrap of ALGORITHMS §10 (from
+``uncertainty``) wherever both predictors' per-point predictions are kept.
+Without them an accuracy difference gets an unpaired binomial 95% interval;
+it is wider than the paired one whenever the two predictors err on the same
+points (as related networks do), so "excludes 0" stays a safe statement,
+and NLL, ECE and Brier get none. The sweep keeps metrics only, so it is
+always compared this way, and the sweep shows whether a sign holds across W.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ..intervals import Interval
+from .claims import Claim
 from .findings import Cell, Table, _claim
 from .inputs import PredictorResult, ReportInputs, SweepPoint, trajectory_params
+from .uncertainty import Comparison, Uncertainty, compute, settings
 
+PAPER = "DSWAG (Kiriti, Tsai, Duncan)"
 # Fig. 6: accuracy within this much of theta_bar's "stays high"; this much lower "collapses".
 FLAT_TOLERANCE = 0.01
 COLLAPSE_DROP = 0.10
@@ -32,6 +38,8 @@ _Z95 = 1.959963984540054
 SWEEP_PREDICTORS = (("fedavg", "FedAvg"), ("dswa", "DSWA"), ("dswag", "DSWAG"))
 _NLL_ACC = ("nll", "accuracy")
 NO_VARIANCE = "fewer than 2 snapshots, so no variance"
+UNPAIRED = "no paired per-point predictions"
+_LABELS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier"}
 SIGN_NOTE = (
     "Accuracy - confidence > 0 means under-confident (right more often than claimed), "
     "< 0 over-confident. The paper's text states the opposite; that sign is backwards."
@@ -109,21 +117,6 @@ def accuracy_interval(ours: float, theirs: float, n: int) -> tuple[float, float]
     se = math.sqrt((ours * (1 - ours) + theirs * (1 - theirs)) / n)
     delta = ours - theirs
     return delta - _Z95 * se, delta + _Z95 * se
-
-
-def _accuracy_verdict(ours: float, theirs: float, n: int | None) -> tuple[bool, str]:
-    """Whether ``ours`` is shown to be more accurate, and the sentence that says so."""
-    delta = ours - theirs
-    text = f"accuracy {_pct(ours)} vs {_pct(theirs)} ({100 * delta:+.2f} pp"
-    if not n:
-        return False, text + ", no interval: test size unknown)"
-    lo, hi = accuracy_interval(ours, theirs, n)
-    text += f", 95% interval {100 * lo:+.2f} to {100 * hi:+.2f} pp"
-    if lo > 0:
-        return True, text + ": higher)"
-    if hi < 0:
-        return False, text + ": lower)"
-    return False, text + ": includes 0, not shown to differ)"
 
 
 def _test_size(inputs: ReportInputs, p: PredictorResult | None = None) -> int | None:
@@ -365,124 +358,222 @@ def _confidence_text(p: PredictorResult) -> str:
     )
 
 
+def _difference(
+    metric: str,
+    ours: float,
+    theirs: float,
+    interval: Interval | None,
+    n: int | None = None,
+    extra: str = "",
+) -> tuple[str | None, str]:
+    """``ours - theirs`` with its interval: ('better', 'worse' or 'within noise', text).
+
+    The paired ``interval`` where there is one; otherwise, for accuracy, the
+    unpaired binomial one over ``n`` points; otherwise no verdict (None), and
+    the text says why.
+    """
+    acc = metric == "accuracy"
+    label = _LABELS[metric]
+    if not (math.isfinite(ours) and math.isfinite(theirs)):
+        return None, f"{label} missing"
+    scale, digits, unit = (100.0, 2, " pp") if acc else (1.0, 4, "")
+
+    def signed(v: float) -> str:
+        return f"{scale * v:+.{digits}f}"
+
+    values = f"{_pct(ours)} vs {_pct(theirs)}" if acc else f"{ours:.4f} vs {theirs:.4f}"
+    text = f"{label} {values} ("
+    if interval is not None:
+        low, high, verdict = interval.low, interval.high, interval.verdict()
+        level = f"{100 * interval.level:g}%"
+        text += f"{signed(interval.diff)}{unit}, paired bootstrap {level} interval"
+    elif acc and n:
+        low, high = accuracy_interval(ours, theirs, n)
+        verdict = "better" if low > 0 else "worse" if high < 0 else "within noise"
+        text += f"{signed(ours - theirs)}{unit}, unpaired binomial 95% interval"
+        extra = UNPAIRED
+    else:
+        why = "test size unknown" if acc else UNPAIRED
+        return None, f"{text}{signed(ours - theirs)}{unit}, no interval: {why})"
+    text += f" {signed(low)} to {signed(high)}{unit}" + (f", {extra}" if extra else "")
+    word = "higher" if low > 0 else "lower" if high < 0 else "includes 0, not shown to differ"
+    return verdict, f"{text}: {word})"
+
+
+def _compare(
+    comp: Comparison | None,
+    metric: str,
+    cand: PredictorResult,
+    ref: PredictorResult,
+    n: int | None = None,
+) -> tuple[str | None, str]:
+    """``_difference`` of cand - ref, with the paired interval (and McNemar's p) if any."""
+    interval = comp.intervals[metric] if comp is not None else None
+    extra = f"McNemar p = {comp.mcnemar_p:.2g}" if comp is not None and metric == "accuracy" else ""
+    return _difference(metric, cand.metric(metric), ref.metric(metric), interval, n, extra)
+
+
+def _upper(text: str) -> str:
+    """The text with its first letter upper-case, to open a sentence of evidence."""
+    return text[:1].upper() + text[1:]
+
+
+def _holds(verdicts: Sequence[str]) -> bool | None:
+    """A sweep claim from ``_steps`` verdicts: True when every checked one holds at every
+    step, False when every one does not hold, else (mixed, partial, unchecked) None."""
+    checked = [v for v in verdicts if not v.startswith("cannot be checked")]
+    if not checked:
+        return None
+    if all(v.startswith("holds at every step") for v in checked):
+        return True
+    if all(v.startswith("does not hold") for v in checked):
+        return False
+    return None
+
+
 def _accuracy_lower(point: SweepPoint, ours: str, theirs: str, n: int) -> float:
     """Lower end of the 95% interval of the accuracy difference ``ours - theirs`` at a W."""
     return accuracy_interval(point.metric(ours, "accuracy"), point.metric(theirs, "accuracy"), n)[0]
 
 
-def _claim_b(inputs: ReportInputs, roles: DswagRoles | None) -> str:
-    text = "(b) DSWAG improves on its own FedAvg model (NLL, accuracy): "
-    parts = []
-    if roles is not None and roles.dswag is not None and roles.fedavg is not None:
-        d, f = roles.dswag, roles.fedavg
-        ours, theirs = d.metric("nll"), f.metric("nll")
-        shown, acc_text = _accuracy_verdict(
-            d.metric("accuracy"), f.metric("accuracy"), _test_size(inputs, d)
-        )
-        if math.isfinite(ours) and math.isfinite(theirs):
-            nll_better = ours < theirs
-            nll_text = f"NLL {ours:.4f} vs {theirs:.4f} ({ours - theirs:+.4f}, no interval)"
-            verdict = (
-                "holds"
-                if nll_better and shown
-                else "holds for NLL only"
-                if nll_better
-                else "holds for accuracy only"
-                if shown
-                else "does not hold"
-            )
-            parts.append(
-                f"{verdict} on trajectory {roles.trajectory} ({d.name} vs {f.name}): "
-                f"{nll_text}; {acc_text}"
-            )
-        else:
-            parts.append(f"{d.name} vs {f.name}: NLL missing; {acc_text}")
-    sweep = [
+def _claim_b(inputs: ReportInputs, roles: DswagRoles | None, unc: Uncertainty) -> Claim:
+    """On the dswag trajectory: holds when NLL is lower and accuracy shown higher, does
+    not when neither; paired intervals decide both where there are predictions."""
+    statement = "(b) DSWAG improves on its own FedAvg model (NLL, accuracy)"
+    if roles is None or roles.dswag is None or roles.fedavg is None:
+        why = "Cannot be checked: no DSWAG and FedAvg predictors on a dswag trajectory."
+        return Claim(PAPER, statement, None, why)
+    d, f = roles.dswag, roles.fedavg
+    comp = unc.comparison(f.name, d.name)
+    nll, nll_text = _compare(comp, "nll", d, f)
+    acc, acc_text = _compare(comp, "accuracy", d, f, _test_size(inputs, d))
+    ours, theirs = d.metric("nll"), f.metric("nll")
+    if not (math.isfinite(ours) and math.isfinite(theirs)):
+        return Claim(PAPER, statement, None, f"{d.name} vs {f.name}: {nll_text}; {acc_text}.")
+    nll_better = nll == "better" if comp is not None else ours < theirs
+    shown = acc == "better"
+    holds = True if nll_better and shown else False if not (nll_better or shown) else None
+    verdict = {True: "holds", False: "does not hold"}.get(holds) or (
+        "holds for NLL only" if nll_better else "holds for accuracy only"
+    )
+    evidence = (
+        f"{_upper(verdict)} on trajectory {roles.trajectory} ({d.name} vs {f.name}): "
+        f"{nll_text}; {acc_text}."
+    )
+    return Claim(PAPER, statement, holds, evidence)
+
+
+def _claim_b_sweep(inputs: ReportInputs) -> Claim | None:
+    """(b) at each W of the sweep (unpaired: the sweep keeps no per-point predictions):
+    holds when it holds at every W, does not when at none is NLL lower or accuracy shown."""
+    if not inputs.dswag_sweep:
+        return None
+    statement = "(b') DSWAG improves on FedAvg (NLL, accuracy) at every worker count of the sweep"
+    rows = [
         p
         for p in inputs.dswag_sweep
         if all(math.isfinite(p.metric(k, m)) for k in ("dswag", "fedavg") for m in _NLL_ACC)
     ]
-    if sweep:
+    parts, holds = [], None
+    if rows:
         n = _test_size(inputs)
-        nll = [p for p in sweep if p.metric("dswag", "nll") < p.metric("fedavg", "nll")]
-        acc = [p for p in sweep if p.metric("dswag", "accuracy") > p.metric("fedavg", "accuracy")]
-        shown = [p for p in sweep if n and _accuracy_lower(p, "dswag", "fedavg", n) > 0]
+        nll = [p for p in rows if p.metric("dswag", "nll") < p.metric("fedavg", "nll")]
+        acc = [p for p in rows if p.metric("dswag", "accuracy") > p.metric("fedavg", "accuracy")]
+        shown = [p for p in rows if n and _accuracy_lower(p, "dswag", "fedavg", n) > 0]
         deltas = ", ".join(
-            f"{_w(p)} {p.metric('dswag', 'nll') - p.metric('fedavg', 'nll'):+.4f}" for p in sweep
+            f"{_w(p)} {p.metric('dswag', 'nll') - p.metric('fedavg', 'nll'):+.4f}" for p in rows
         )
         parts.append(
-            f"in the sweep DSWAG's NLL is lower than FedAvg's at {len(nll)} of {len(sweep)} "
-            f"worker counts (DSWAG - FedAvg: {deltas}); its accuracy is higher at {len(acc)} of "
-            f"{len(sweep)}, with the 95% interval excluding 0 at {len(shown)}"
+            f"DSWAG's NLL is lower than FedAvg's at {len(nll)} of {len(rows)} worker counts "
+            f"(DSWAG - FedAvg: {deltas}); its accuracy is higher at {len(acc)} of {len(rows)}, "
+            f"with the unpaired binomial 95% interval excluding 0 at {len(shown)}"
             + (f" ({', '.join(_w(p) for p in shown)})" if shown else "")
+            + " (the sweep keeps no per-point predictions)"
         )
+        both = [p for p in nll if p in shown]
+        holds = True if len(both) == len(rows) else False if not (nll or shown) else None
     skipped = [p for p in inputs.dswag_sweep if no_variance(p)]
     if skipped:
         listed = ", ".join(f"{_w(p)} ({_snapshots(p)})" for p in skipped)
         parts.append(f"no DSWAG at {listed}: {NO_VARIANCE}")
-    if not parts:
-        return text + "cannot be checked: no DSWAG and FedAvg predictors on a dswag trajectory"
-    return text + "; ".join(parts)
+    if not rows:
+        why = "cannot be checked: no worker count has DSWAG's and FedAvg's NLL and accuracy"
+        parts.insert(0, why)
+    text = "; ".join(parts)
+    return Claim(PAPER, statement, holds, _upper(text) + ".")
 
 
-def _claim_c(inputs: ReportInputs, roles: DswagRoles | None) -> str:
-    text = (
-        "(c) DSWAG is comparable to SWAG after distributed training, and better calibrated "
-        "(the paper's Fig. 5 right and conclusion): "
+def _claim_c(inputs: ReportInputs, roles: DswagRoles, unc: Uncertainty) -> list[Claim]:
+    """Against SWAG after distributed training: decided by ECE (by its paired interval
+    where there are predictions, else by the values); then the paper's 'more confident'."""
+    statement = (
+        "(c) DSWAG is better calibrated than SWAG after distributed training, and comparable "
+        "to it (the paper's Fig. 5 right and conclusion)"
     )
-    if roles is None or roles.dswag is None or roles.baseline is None:
-        return text + (
-            "cannot be checked: needs a swag predictor on the dswag trajectory and one on a "
-            "trajectory that starts from it"
+    if roles.dswag is None or roles.baseline is None:
+        why = (
+            "Cannot be checked: needs a swag predictor on the dswag trajectory and one on a "
+            "trajectory that starts from it."
         )
+        return [Claim(PAPER, statement, None, why)]
     d, b = roles.dswag, roles.baseline
-    ece_d, ece_b = d.metric("ece"), b.metric("ece")
-    nll_d, nll_b = d.metric("nll"), b.metric("nll")
-    if not all(math.isfinite(v) for v in (ece_d, ece_b, nll_d, nll_b)):
-        return text + _claim(d, b, ("accuracy", "nll", "ece", "brier"))
-    calibrated = "holds" if ece_d < ece_b else "does not hold"
-    nll = "lower" if nll_d < nll_b else "not lower"
-    _, acc_text = _accuracy_verdict(
-        d.metric("accuracy"), b.metric("accuracy"), _test_size(inputs, d)
-    )
-    conf = [_mean_confidence(p) for p in (d, b)]
-    confident = ""
-    if conf[0] is not None and conf[1] is not None:
-        more = "holds" if conf[0][0] > conf[1][0] else "does not hold"
-        confident = (
-            f". The paper's 'DSWAG gives more confident predictions than SWAG' {more}: "
-            f"{_confidence_text(d)}; {_confidence_text(b)}"
+    keys = ("ece", "nll", "accuracy", "brier")
+    if not all(math.isfinite(p.metric(k)) for p in (d, b) for k in ("ece", "nll")):
+        found = [Claim(PAPER, statement, None, _claim(d, b, keys) + ".")]
+    else:
+        comp = unc.comparison(b.name, d.name)
+        n = _test_size(inputs, d)
+        diffs = {k: _compare(comp, k, d, b, n) for k in keys}
+        if comp is None:
+            calibrated: bool | None = d.metric("ece") < b.metric("ece")
+        else:
+            calibrated = {"better": True, "worse": False}.get(diffs["ece"][0] or "")
+        phrase = {True: "holds", False: "does not hold", None: "is not shown"}[calibrated]
+        evidence = (
+            f"{d.name} vs {b.name}: better calibration {phrase}; "
+            + "; ".join(text for _, text in diffs.values())
+            + "."
         )
-    return (
-        f"{text}better calibration {calibrated} ({d.name} ECE {ece_d:.4f} vs {b.name} "
-        f"{ece_b:.4f}, {ece_d - ece_b:+.4f}); NLL {nll} ({nll_d:.4f} vs {nll_b:.4f}, "
-        f"{nll_d - nll_b:+.4f}); {acc_text}. All four metrics: "
-        f"{_claim(d, b, ('accuracy', 'nll', 'ece', 'brier'))}{confident}"
-    )
+        found = [Claim(PAPER, statement, calibrated, evidence)]
+    conf = [_mean_confidence(p) for p in (d, b)]
+    if conf[0] is not None and conf[1] is not None:
+        found.append(
+            Claim(
+                PAPER,
+                "(c') DSWAG gives more confident predictions than SWAG (the paper's conclusion)",
+                conf[0][0] > conf[1][0],
+                f"{_confidence_text(d)}; {_confidence_text(b)}.",
+            )
+        )
+    return found
 
 
-def _claim_a(sweep: list[SweepPoint]) -> list[str]:
+def _claim_a(sweep: list[SweepPoint]) -> list[Claim]:
     if not sweep:
         return []
     target = sweep[0].target_accuracy
     values = [math.inf if p.rounds_to_target is None else float(p.rounds_to_target) for p in sweep]
     verdict, _ = _steps(sweep, values, True, _rounds_text, ("more", "fewer"))
     listing = ", ".join(f"{_w(p)} {_rounds_label(p)}" for p in sweep)
-    rounds = (
-        f"(a) More workers need more phase-1 rounds to reach the target (the global model's "
-        f"train accuracy >= {_pct(target)}; the paper's Fig. 5 left): {verdict}. Rounds to "
-        f"target: {listing}."
+    rounds = Claim(
+        PAPER,
+        "(a) More workers need more phase-1 rounds to reach the target (the paper's Fig. 5 left)",
+        _holds([verdict]),
+        f"Rounds until the global model's train accuracy >= {_pct(target)}: {listing}; {verdict}.",
     )
     final = [p.metric("fedavg", "accuracy") for p in sweep]
     verdict, listing = _steps(sweep, final, False, _pct)
-    ending = (
+    ending = Claim(
+        PAPER,
         "(a') With more workers phase 1 ends at a lower test accuracy (the paper: 'reaches "
-        f"suboptimal solutions'): {verdict}. FedAvg model's test accuracy: {listing}."
+        "suboptimal solutions')",
+        _holds([verdict]),
+        f"FedAvg model's test accuracy: {listing}; {verdict}.",
     )
     return [rounds, ending]
 
 
-def _claim_d(sweep: list[SweepPoint]) -> list[str]:
+def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
     curves = [(p, c) for p in sweep if (c := sigma_curve(p)) is not None]
     if not curves:
         return []
@@ -498,27 +589,54 @@ def _claim_d(sweep: list[SweepPoint]) -> list[str]:
     )
     both = [p for p in flat_m if p in collapsed]
     if not varied:
-        verdict = "cannot be checked: no worker count has a variance"
+        verdict, holds = "cannot be checked: no worker count has a variance", None
     elif len(both) == len(varied):
-        verdict = "holds at every W with a variance"
+        verdict, holds = "holds at every W with a variance", True
     elif both:
-        verdict = f"holds at {', '.join(_w(p) for p in both)} only"
+        verdict, holds = f"holds at {', '.join(_w(p) for p in both)} only", None
     else:
-        verdict = "does not hold at any W"
-    lines = [
-        f"(d) The accuracy of the single network theta_bar + m * sigma * z stays within "
-        f"{100 * FLAT_TOLERANCE:g} pp of theta_bar's for small m (m >= 1) and collapses (falls "
-        f"more than {100 * COLLAPSE_DROP:g} pp) for large m: {verdict}. {per_w}."
+        verdict, holds = "does not hold at any W", False
+    evidence = _upper(verdict) + (f": {per_w}." if per_w else ".")
+    flat = [p for p, c in curves if not has_variance(p, c)]
+    if flat:
+        listed = ", ".join(f"{_w(p)} ({_snapshots(p)})" for p in flat)
+        evidence += (
+            f" Left out: {listed}: {NO_VARIANCE}; sigma = 0 and theta_bar + m * sigma * z "
+            "is theta_bar for every m."
+        )
+    found = [
+        Claim(
+            PAPER,
+            f"(d) The accuracy of the single network theta_bar + m * sigma * z stays within "
+            f"{100 * FLAT_TOLERANCE:g} pp of theta_bar's for small m (m >= 1) and collapses "
+            f"(falls more than {100 * COLLAPSE_DROP:g} pp) for large m",
+            holds,
+            evidence,
+        )
     ]
     still_flat = [p for p, c in varied if (r := flat_range(c)) is not None and r >= top]
-    flat_text = (
-        f"holds at {', '.join(_w(p) for p in still_flat)}"
-        if still_flat
-        else "does not hold at any W"
-    )
-    lines.append(
-        f"(d') The paper's Fig. 6: accuracy stays almost flat up to m = 100 (here up to "
-        f"m = {top:g}): {flat_text}."
+    if not varied:
+        flat_text, holds = "cannot be checked: no worker count has a variance", None
+    elif len(still_flat) == len(varied):
+        flat_text, holds = "holds at every W with a variance", True
+    elif still_flat:
+        flat_text, holds = f"holds at {', '.join(_w(p) for p in still_flat)} only", None
+    else:
+        flat_text, holds = "does not hold at any W", False
+    reaches = ", ".join(f"{_w(p)} {_m(flat_range(c))}" for p, c in varied)
+    found.append(
+        Claim(
+            PAPER,
+            "(d') The paper's Fig. 6: accuracy stays almost flat up to m = 100"
+            + ("" if top == 100 else f" (here up to m = {top:g})"),
+            holds,
+            _upper(flat_text)
+            + (
+                f"; within {100 * FLAT_TOLERANCE:g} pp of m = 0 up to: {reaches}."
+                if reaches
+                else "."
+            ),
+        )
     )
     reach = [float(r) if (r := flat_range(c)) is not None else math.nan for _, c in varied]
     verdict, listing = _steps([p for p, _ in varied], reach, False, _m)
@@ -526,32 +644,31 @@ def _claim_d(sweep: list[SweepPoint]) -> list[str]:
     far_verdict, far_listing = _steps([p for p, _ in varied], distance, False, lambda v: f"{v:.3g}")
     at_top = [c.mean[-1] for _, c in varied]
     top_verdict, top_listing = _steps([p for p, _ in varied], at_top, False, _pct)
-    lines.append(
-        "(d'') More workers, less robust to the perturbation (the paper: 'as we increase the "
-        f"number of workers, the performance drops'). By the multiple m up to which the accuracy "
-        f"stays within {100 * FLAT_TOLERANCE:g} pp: {verdict} ({listing}). By that range as a "
-        f"distance m ||sigma|| from theta_bar (sigma differs by W, so the same m is a different "
-        f"distance): {far_verdict} ({far_listing}). By the accuracy at m = {top:g}: "
-        f"{top_verdict} ({top_listing})."
-    )
-    flat = [p for p, c in curves if not has_variance(p, c)]
-    if flat:
-        listed = ", ".join(f"{_w(p)} ({_snapshots(p)})" for p in flat)
-        lines.append(
-            f"Left out of (d): {listed}: {NO_VARIANCE}; sigma = 0 and theta_bar + m * sigma * z "
-            "is theta_bar for every m."
+    found.append(
+        Claim(
+            PAPER,
+            "(d'') More workers, less robust to the perturbation (the paper: 'as we increase "
+            "the number of workers, the performance drops')",
+            _holds([verdict, far_verdict, top_verdict]),
+            f"By the multiple m up to which the accuracy stays within "
+            f"{100 * FLAT_TOLERANCE:g} pp: {verdict} ({listing}). By that range as a distance "
+            f"m ||sigma|| from theta_bar (sigma differs by W, so the same m is a different "
+            f"distance): {far_verdict} ({far_listing}). By the accuracy at m = {top:g}: "
+            f"{top_verdict} ({top_listing}).",
         )
-    return lines
+    )
+    return found
 
 
-def _claim_e(sweep: list[SweepPoint]) -> list[str]:
+def _claim_e(sweep: list[SweepPoint]) -> list[Claim]:
     if not sweep:
         return []
-    parts = []
+    parts, verdicts = [], []
     for key, label in reversed(SWEEP_PREDICTORS):
         values = [p.metric(key, "nll") for p in sweep]
         verdict, listing = _steps(sweep, values, True, lambda v: f"{v:.4f}")
         parts.append(f"{label}: {verdict} ({listing or 'no values'})")
+        verdicts.append(verdict)
     missing = [p for p in sweep if p.metrics.get("dswag") is None]
     note = (
         f"; DSWAG has no value at {', '.join(_w(p) for p in missing)} ({NO_VARIANCE})"
@@ -559,22 +676,31 @@ def _claim_e(sweep: list[SweepPoint]) -> list[str]:
         else ""
     )
     return [
-        "(e) The test NLL increases with the number of workers (the paper's Fig. 7, MNIST): "
-        + "; ".join(parts)
-        + note
-        + "."
+        Claim(
+            PAPER,
+            "(e) The test NLL increases with the number of workers (the paper's Fig. 7, MNIST)",
+            _holds(verdicts),
+            "; ".join(parts) + note + ".",
+        )
     ]
 
 
-def claims(inputs: ReportInputs) -> list[str]:
-    """One statement per claim of the paper, in the order (a) to (e); empty without data."""
+def claims(inputs: ReportInputs, unc: Uncertainty | None = None) -> list[Claim]:
+    """One claim per statement of the paper, in the order (a) to (e); empty without data.
+
+    ``unc``: the report's intervals; without it they come from ``compute``,
+    which computes them once per inputs.
+    """
     roles = dswag_roles(inputs)
-    lines = _claim_a(inputs.dswag_sweep)
+    found = _claim_a(inputs.dswag_sweep)
     if roles is not None or inputs.dswag_sweep:
-        lines.append(_claim_b(inputs, roles))
-    if roles is not None:
-        lines.append(_claim_c(inputs, roles))
-    return lines + _claim_d(inputs.dswag_sweep) + _claim_e(inputs.dswag_sweep)
+        unc = unc if unc is not None else compute(inputs)
+        found.append(_claim_b(inputs, roles, unc))
+        sweep = _claim_b_sweep(inputs)
+        found += [sweep] if sweep is not None else []
+        if roles is not None:
+            found += _claim_c(inputs, roles, unc)
+    return found + _claim_d(inputs.dswag_sweep) + _claim_e(inputs.dswag_sweep)
 
 
 def overview(inputs: ReportInputs) -> str | None:
@@ -611,8 +737,20 @@ def overview(inputs: ReportInputs) -> str | None:
             f"{target} or after {cap} rounds; its FedAvg, DSWA and DSWAG metrics are on the "
             "test split. "
         )
-    return text + (
-        "Intervals: accuracy differences carry an unpaired binomial 95% interval (conservative; "
-        "the paired bootstrap needs per-point predictions, which are not kept); NLL, ECE and "
-        "Brier differences have none, so a sign is trusted only when it holds across W."
-    )
+    s = settings(inputs.params)
+    text += "Intervals: "
+    if roles is not None:
+        text += (
+            f"the trajectory's predictors are compared by the {100 * s.level:g}% paired "
+            f"bootstrap interval over the test points ({s.resamples} resamples, seed {s.seed}) "
+            "where both have per-point predictions; where one has none, an accuracy "
+            "difference carries an unpaired binomial 95% interval (wider, so conservative) "
+            "and NLL, ECE and Brier differences none, and the claim says so. "
+        )
+    if inputs.dswag_sweep:
+        text += (
+            "The sweep keeps metrics only: its accuracy differences carry the unpaired "
+            "binomial 95% interval, its NLL, ECE and Brier differences none, so a sign is "
+            "trusted only when it holds across W."
+        )
+    return text.rstrip()

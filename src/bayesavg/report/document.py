@@ -57,7 +57,10 @@ def _distributed(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
         Paragraph(overview + where),
         Paragraph(distributed.SIGN_NOTE),
         Heading(3, "The paper's claims on this data"),
-        _bullets(distributed.claims(inputs), "No claim can be checked without the sweep."),
+        _bullets(
+            [headline.claim_text(c) for c in distributed.claims(inputs)],
+            "No claim can be checked without the sweep.",
+        ),
     ]
 
 

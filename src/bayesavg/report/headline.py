@@ -4,7 +4,6 @@ papers' claims hold on this run, so a reader gets the answer before the details.
 from __future__ import annotations
 
 import math
-import re
 
 from . import distributed, findings
 from .blocks import Block, Bullets, Heading, Paragraph, TableBlock
@@ -13,9 +12,7 @@ from .findings import Cell, Table
 from .inputs import PredictorResult, ReportInputs
 from .uncertainty import Uncertainty
 
-DSWAG_PAPER = "DSWAG (Kiriti, Tsai, Duncan)"
-# A distributed claim's text is cut here in the headline; the full text is in its section.
-_SHORT = 300
+DSWAG_PAPER = distributed.PAPER
 
 
 def _nll(p: PredictorResult, unc: Uncertainty) -> float:
@@ -64,19 +61,11 @@ def claim_text(claim: Claim) -> str:
     return f"[{claim.verdict}] {claim.paper}: {claim.statement}. {claim.evidence}"
 
 
-def _short(text: str) -> str:
-    first = re.split(r"(?<!Fig)\. (?=[A-Z])", text, maxsplit=1)[0].rstrip(".")
-    if len(first) > _SHORT:
-        first = first[:_SHORT].rsplit(" ", 1)[0] + " ..."
-    return f"{first} (in full under Distributed SWAG)"
-
-
 def claim_lines(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> list[str]:
     """The papers' claims on this run: flat-seeking and HWA pairs, the analyses', and the
-    DSWAG paper's (their verdict is in their text)."""
-    lines = [claim_text(c) for c in (*findings.claims(inputs, unc), *analysed)]
-    lines += [f"{DSWAG_PAPER}: {_short(text)}" for text in distributed.claims(inputs)]
-    return lines
+    DSWAG paper's, each in the same form as in its section."""
+    found = (*findings.claims(inputs, unc), *analysed, *distributed.claims(inputs, unc))
+    return [claim_text(c) for c in found]
 
 
 def blocks(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> list[Block]:

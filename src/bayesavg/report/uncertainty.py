@@ -4,14 +4,22 @@ A difference of one test image in 1,000 is not an improvement (ALGORITHMS
 §10): each predictor's metrics get a percentile bootstrap interval over the
 test points, and each comparison (every predictor against the baseline,
 every counterpart against its reference) a paired bootstrap of the
-difference and, for accuracy, McNemar's exact test. Predictors without
+difference and, for accuracy, McNemar's exact test. Any other pair (the
+DSWAG roles, say) is compared on first request and kept. Predictors without
 per-point predictions get no interval; the text then says so.
+
+Several sections of one report need the same numbers, and a bootstrap is
+the slow part of writing it: ``per_inputs`` computes such a result once per
+``ReportInputs`` object.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -59,17 +67,35 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """Estimates by predictor and metric; comparisons by (reference, candidate)."""
+    """Estimates by predictor and metric; comparisons by (reference, candidate).
+
+    ``predictors`` by name lets ``comparison`` compare a pair that ``compute``
+    did not; ``requested`` keeps those, so each is bootstrapped once.
+    """
 
     settings: Settings
     estimates: dict[str, dict[str, Estimate]] = field(default_factory=dict)
     comparisons: dict[tuple[str, str], Comparison] = field(default_factory=dict)
+    predictors: dict[str, PredictorResult] = field(default_factory=dict, repr=False, compare=False)
+    requested: dict[tuple[str, str], Comparison | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def estimate(self, name: str, metric: str) -> Estimate | None:
         return self.estimates.get(name, {}).get(metric)
 
     def comparison(self, reference: str, candidate: str) -> Comparison | None:
-        return self.comparisons.get((reference, candidate))
+        """The paired comparison of two distinct predictors; None without predictions."""
+        key = (reference, candidate)
+        if key in self.comparisons:
+            return self.comparisons[key]
+        if key not in self.requested:
+            ref, cand = self.predictors.get(reference), self.predictors.get(candidate)
+            found = None
+            if ref is not None and cand is not None and reference != candidate:
+                found = compare(ref, cand, self.settings)
+            self.requested[key] = found
+        return self.requested[key]
 
 
 def _tensors(p: PredictorResult) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -117,8 +143,39 @@ def compared_pairs(inputs: ReportInputs) -> list[tuple[PredictorResult, Predicto
     return found
 
 
+T = TypeVar("T")
+
+
+def per_inputs(build: Callable[[ReportInputs], T]) -> Callable[[ReportInputs], T]:
+    """``build`` computed once per ``ReportInputs`` object and kept while it lives.
+
+    The inputs hold lists and dicts, so they cannot be a cache key themselves:
+    the key is their id, and an entry goes when its inputs are collected, so a
+    later object that gets the same id is never handed a stale result.
+    """
+    cache: dict[int, tuple[weakref.ref[ReportInputs], T]] = {}
+
+    def forget(ref: weakref.ref[ReportInputs], key: int) -> None:
+        if key in cache and cache[key][0] is ref:
+            del cache[key]
+
+    @functools.wraps(build)
+    def cached(inputs: ReportInputs) -> T:
+        key = id(inputs)
+        found = cache.get(key)
+        if found is not None and found[0]() is inputs:
+            return found[1]
+        result = build(inputs)
+        cache[key] = (weakref.ref(inputs, functools.partial(forget, key=key)), result)
+        return result
+
+    return cached
+
+
+@per_inputs
 def compute(inputs: ReportInputs) -> Uncertainty:
-    """Every estimate and comparison the report shows, with the params' settings."""
+    """Every estimate and comparison the report shows, with the params' settings; once
+    per inputs, as the headline, the Distributed SWAG section and the tables share it."""
     s = settings(inputs.params)
     found = {p.name: e for p in inputs.predictors if (e := estimates(p, s))}
     comparisons = {
@@ -126,4 +183,4 @@ def compute(inputs: ReportInputs) -> Uncertainty:
         for r, c in compared_pairs(inputs)
         if (comp := compare(r, c, s)) is not None
     }
-    return Uncertainty(s, found, comparisons)
+    return Uncertainty(s, found, comparisons, {p.name: p for p in inputs.predictors})

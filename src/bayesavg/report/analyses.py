@@ -166,7 +166,8 @@ def _line_claims(inputs: ReportInputs) -> list[Claim]:
         text = (
             f"Train loss is lowest at t = {m.t_min:g} ({m.loss_min:.4g}; t = 0 is {line.a}, t = 1 "
             f"{line.b}); from t = 0 ({m.loss_at_0:.4g}) it {slope} to {m.loss_next:.4g} at "
-            f"t = {m.t_next:g}. Rule: holds if the minimum lies at t > 0.5 and t = 0 is on a slope."
+            f"t = {m.t_next:g}. Rule: holds if the minimum lies at t > 0.5 and t = 0 is on a "
+            "slope; undecided if the minimum is the grid's last t (the loss still falls beyond b)."
         )
         out.append(Claim(SWA, label, num.edge_verdict(m), text))
     return out

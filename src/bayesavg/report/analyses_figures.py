@@ -283,8 +283,6 @@ def swag_directions_figure(inputs: ReportInputs) -> Figure | None:
     swag = {k: s for k, s in sorted(swag.items()) if s.directions}
     if not swag:
         return None
-    n_dirs = max(int(r["direction"]) for s in swag.values() for r in s.directions) + 1
-    cmap = matplotlib.colormaps["viridis"]
     fig = Figure(layout="constrained")
     axes = _series(fig, len(swag), 2, width=4.4, height=2.6)
     for row, (traj, s) in zip(axes, swag.items(), strict=True):
@@ -294,7 +292,7 @@ def swag_directions_figure(inputs: ReportInputs) -> Figure | None:
         for d, rs in sorted(by_dir.items()):
             rs = sorted(rs, key=lambda r: float(r["offset"]))
             offs = [float(r["offset"]) for r in rs]
-            kw = {"color": cmap(d / max(n_dirs - 1, 1)), "marker": "o", "ms": 2}
+            kw = {"color": _TAB10[d % len(_TAB10)], "marker": "o", "ms": 2}
             label = rf"PC {d + 1} ($\sigma$ = {float(rs[0]['sigma']):.3g})"
             row[0].plot(offs, [float(r["train_loss"]) for r in rs], label=label, **kw)
             row[1].plot(offs, [100 * (1 - float(r["test_error"])) for r in rs], label=label, **kw)

@@ -291,6 +291,7 @@ class LineMinimum:
     loss_at_0: float
     loss_next: float
     t_next: float
+    t_last: float = math.inf
 
     @property
     def on_slope(self) -> bool:
@@ -307,12 +308,18 @@ def line_minimum(line: LineData, key: str = "train_loss") -> LineMinimum | None:
     if i0 + 1 >= len(t):
         return None
     i = int(np.argmin(v))
-    return LineMinimum(float(t[i]), float(v[i]), float(v[i0]), float(v[i0 + 1]), float(t[i0 + 1]))
+    return LineMinimum(
+        float(t[i]), float(v[i]), float(v[i0]), float(v[i0 + 1]), float(t[i0 + 1]), float(t[-1])
+    )
 
 
-def edge_verdict(m: LineMinimum) -> bool:
-    """SGD at the edge of the basin: the minimum on the SWA side (t > 0.5), t = 0 on a slope."""
-    return m.t_min > 0.5 and m.on_slope
+def edge_verdict(m: LineMinimum) -> bool | None:
+    """SGD at the edge of the basin, SWA near its centre: the minimum on the SWA side
+    (t > 0.5) and t = 0 on a slope. A minimum at the grid's last t (beyond SWA) leaves it
+    undecided: the loss still falls past SWA, so SWA is no centre along this line either."""
+    if m.t_min > 0.5 and m.on_slope:
+        return None if m.t_min >= m.t_last else True
+    return False
 
 
 def ray_grid_end(ray: RayData) -> float:

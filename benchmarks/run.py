@@ -379,9 +379,10 @@ def run_ours(
 def run_bound(
     posterior: PosteriorFile, test: Tensors, bn_x: torch.Tensor | None, n: int, batch: int
 ) -> Outcome:
-    """S forward passes over the test split (and S train-mode passes over ``bn_x``)."""
+    """S forward passes over the test split (and S train-mode passes over ``bn_x``), with the
+    same channels-last model ``evaluate`` predicts with."""
     device = test.x.device
-    model = posterior.build_model(device)
+    model = models.for_inference(posterior.build_model(device))
     sync(device)
     start = time.perf_counter()
     for _ in range(n):

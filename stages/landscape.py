@@ -81,6 +81,7 @@ class _Context:
 
 def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
     from bayesavg.landscape import line
+    from bayesavg.models import for_inference
     from bayesavg.posterior_file import load_posterior
     from bayesavg.sampling import trajectory_centre
 
@@ -89,7 +90,7 @@ def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
     (a_kind, theta_a), (b_kind, theta_b) = trajectory_centre(a), trajectory_centre(b)
     ctx = _Context(p, a)
     rows = line(
-        a.build_model(ctx.device),
+        for_inference(a.build_model(ctx.device)),
         theta_a.to(ctx.device),
         theta_b.to(ctx.device),
         p.evaluate.landscape.t.values(),
@@ -121,6 +122,7 @@ def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
 
 def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
     from bayesavg.landscape import filter_normalise, random_directions, ray, ray_width
+    from bayesavg.models import for_inference
     from bayesavg.posterior_file import load_posterior
     from bayesavg.sampling import trajectory_centre
     from bayesavg.seeding import derive_seed
@@ -129,7 +131,7 @@ def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
     posterior = load_posterior(_posterior_file(name))
     kind, theta = trajectory_centre(posterior)
     ctx = _Context(p, posterior)
-    model = posterior.build_model(ctx.device)
+    model = for_inference(posterior.build_model(ctx.device))
     theta = theta.to(ctx.device)
     # The same seeded directions from every centre: the seed names no trajectory.
     directions = random_directions(theta.numel(), rp.directions, derive_seed(p.seed, "rays"))
@@ -164,6 +166,7 @@ def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
 
 def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
     from bayesavg.landscape import principal_directions, ray
+    from bayesavg.models import for_inference
     from bayesavg.posterior_file import load_posterior
     from bayesavg.posteriors import SWAG
     from bayesavg.seeding import derive_seed
@@ -174,7 +177,7 @@ def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, fl
     if posterior.collector is None:
         raise UserError(f"swag_directions: trajectory {name!r} has no SWAG snapshots")
     ctx = _Context(p, posterior)
-    model = posterior.build_model(ctx.device)
+    model = for_inference(posterior.build_model(ctx.device))
     mean = SWAG.from_state_dict(posterior.collector, device=ctx.device).mean
     vectors, sigmas = principal_directions(posterior.collector, sp.directions)
     offsets = sp.offsets.values()

@@ -14,6 +14,7 @@ OUT = Path("plots/plane")
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.data import load_prepared
+    from bayesavg.models import for_inference
     from bayesavg.plane import loss_plane
     from bayesavg.posterior_file import load_posterior
     from bayesavg.seeding import derive_seed, resolve_device
@@ -38,7 +39,7 @@ def run() -> None:
         x = posterior.model_input(part.x, device)
         # BatchNorm statistics at each point come from the same fixed training subset.
         result = loss_plane(
-            posterior.build_model(device),
+            for_inference(posterior.build_model(device)),
             state,
             x,
             part.y,

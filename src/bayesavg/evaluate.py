@@ -1,7 +1,7 @@
 """Predict with a posterior: sample weights, update BN, average probabilities.
 
 The hot path keeps everything on the device: weights are written straight
-into one model with ``vector_to_parameters`` (no state-dict copies), test
+into one model by copying (no state-dict copies, channels-last kept), test
 inputs are pre-normalised tensors, and the BMA is accumulated in log space.
 Metrics for s = 1..S samples come from the running average at no extra
 forward passes.
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.nn.utils import vector_to_parameters
 from tqdm.auto import tqdm
 
 from .batchnorm import update_bn
@@ -25,7 +24,7 @@ from .data import Split
 from .errors import UserError
 from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
-from .models import dropout_modules, has_batchnorm
+from .models import dropout_modules, for_inference, has_batchnorm
 from .ood import OODAccumulator, ood_metrics
 from .posterior_file import PosteriorFile, load_theta
 from .sampling import centres, draws
@@ -119,7 +118,7 @@ def evaluate(
     device = torch.device(device)
     entry = method_of(method)
     name = name or method
-    model = posterior.build_model(device)
+    model = for_inference(posterior.build_model(device))
     generator = torch.Generator(device=device).manual_seed(seed)
     sampled = draws(
         posterior,
@@ -148,11 +147,8 @@ def evaluate(
     with isolated_rng(seed, device):
         for s in tqdm(range(1, total + 1), desc=f"evaluate {name}", disable=None, leave=False):
             theta, buffers = sampled.draw(s - 1)
-            if buffers is None:
-                with torch.no_grad():
-                    vector_to_parameters(theta, model.parameters())
-            else:
-                load_theta(model, theta, buffers)
+            with torch.no_grad():
+                load_theta(model, theta, buffers or {})
             if needs_bn:
                 update_bn(model, bn_x, batch_size)
             logp = log_softmax_predictions(model, x_all, batch_size, dropout=sampled.dropout)
@@ -219,8 +215,9 @@ def center_model(
     batch_size: int = 1000,
 ) -> nn.Module:
     """The network at ``theta``, with ``buffers`` or BatchNorm recomputed, in eval mode."""
-    model = posterior.build_model(device)
-    load_theta(model, theta.to(device), buffers or {})
+    model = for_inference(posterior.build_model(device))
+    with torch.no_grad():
+        load_theta(model, theta.to(device), buffers or {})
     if buffers is None and bn_x is not None and has_batchnorm(model):
         update_bn(model, bn_x, batch_size)
     return model.eval()

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from .batchnorm import bn_modules, update_bn
+from .posterior_file import load_theta
 from .train import Tensors, loss_and_accuracy
 
 
@@ -53,7 +54,7 @@ def evaluate_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> dict[str
     """The network at ``theta`` (BatchNorm recomputed): train loss and its weight-decay term,
     train error, test error and test NLL."""
     theta = theta.to(next(model.parameters()))
-    vector_to_parameters(theta, model.parameters())
+    load_theta(model, theta, {})
     if probe.bn_x is not None and bn_modules(model):
         update_bn(model, probe.bn_x, probe.batch_size)
     model.eval()
@@ -73,7 +74,7 @@ def evaluate_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> dict[str
 def train_loss_at(model: nn.Module, theta: torch.Tensor, probe: Probe) -> float:
     """The data term of the train loss alone at ``theta`` (BatchNorm recomputed): what a
     width's bisection needs, at half the cost of ``evaluate_at``."""
-    vector_to_parameters(theta.to(next(model.parameters())), model.parameters())
+    load_theta(model, theta.to(next(model.parameters())), {})
     if probe.bn_x is not None and bn_modules(model):
         update_bn(model, probe.bn_x, probe.batch_size)
     model.eval()

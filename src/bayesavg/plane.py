@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import vector_to_parameters
 
 from .batchnorm import update_bn
 from .errors import UserError
 from .models import has_batchnorm
+from .posterior_file import load_theta
 
 
 def snapshots(state: dict[str, Any]) -> torch.Tensor:
@@ -148,7 +148,7 @@ def losses(
     x, y = x.to(device), y.to(device)
     results = []
     for theta in thetas:
-        vector_to_parameters(theta.to(device=device, dtype=dtype), model.parameters())
+        load_theta(model, theta.to(device=device, dtype=dtype), {})
         if needs_bn:
             update_bn(model, bn_x, batch_size)
         model.eval()

@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch.nn.utils import vector_to_parameters
 
 from .batchnorm import update_bn
 from .evaluate import log_softmax_predictions
-from .models import has_batchnorm
-from .posterior_file import PosteriorFile
+from .models import for_inference, has_batchnorm
+from .posterior_file import PosteriorFile, load_theta
 from .posteriors import SWAG
 
 
@@ -51,7 +50,7 @@ def sigma_distance(
     device = x.device
     swag = SWAG.from_state_dict(posterior.collector, device=device)
     mean, sigma = swag.mean, swag.variance().sqrt()
-    model = posterior.build_model(device)
+    model = for_inference(posterior.build_model(device))
     needs_bn = has_batchnorm(model)
     if needs_bn and bn_x is None:
         raise ValueError("a BatchNorm model needs training inputs for its statistics")
@@ -60,7 +59,7 @@ def sigma_distance(
     rows = []
     for m in multiples:
         for d, z in enumerate(zs):
-            vector_to_parameters(mean + m * sigma * z, model.parameters())
+            load_theta(model, mean + m * sigma * z, {})
             if needs_bn:
                 update_bn(model, bn_x, batch_size)
             logp = log_softmax_predictions(model, x, batch_size)

@@ -41,6 +41,7 @@ bench: install
 	python benchmarks/dswag.py
 
 ui: install
+	@echo "Runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
 

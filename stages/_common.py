@@ -27,7 +27,7 @@ from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
 from bayesavg.entry import run_entry
 from bayesavg.io import sha256_file, write_json
-from bayesavg.tracking import default_store, git_commit
+from bayesavg.tracking import default_store, git_commit, source_tags
 from bayesavg.tracking_worker import Tracker
 
 PARAMS = Path("params.yaml")
@@ -181,7 +181,7 @@ def tracked(
     _bootstrap.tracker = None  # one run per worker
     commit = git_commit(Path.cwd())
     run_tags = {
-        "mlflow.source.git.commit": commit,
+        **source_tags(sys.argv[0], commit),
         "git_commit": commit,
         "dvc_stage": stage,
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
@@ -198,6 +198,8 @@ def tracked(
         start_time=int(_bootstrap.STARTED_AT * 1000),
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
+        if MANIFEST in inputs:
+            run.log_datasets(prepared_datasets(MANIFEST))
         started = time.perf_counter()
         yield run
         done = time.perf_counter()
@@ -213,6 +215,22 @@ def tracked(
             "seconds": seconds,
         },
     )
+
+
+def prepared_datasets(manifest: Path) -> list[dict[str, str]]:
+    """The prepared splits as MLflow dataset inputs: name, the sha256 the manifest records
+    for the split's file, where it lies, and the split as context."""
+    found = json.loads(manifest.read_text())
+    return [
+        {
+            "name": f"{found['dataset']}-{split}",
+            "digest": entry["sha256"],
+            "source": str((manifest.parent / entry["file"]).resolve()),
+            "context": split,
+            "profile": json.dumps({"num_rows": entry["n"], "per_class": entry.get("per_class")}),
+        }
+        for split, entry in found["splits"].items()
+    ]
 
 
 def mark_outputs(run: Any, paths: Sequence[Path]) -> None:

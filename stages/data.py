@@ -1,6 +1,6 @@
 """Stage `data`: load the dataset, split it, write tensors and a manifest."""
 
-from _common import MANIFEST, PREPARED, main, mark_outputs, params, tracked
+from _common import MANIFEST, PREPARED, main, mark_outputs, params, prepared_datasets, tracked
 
 
 def run() -> None:
@@ -12,6 +12,7 @@ def run() -> None:
     with tracked("data", p, {"data": d.model_dump()}) as mlrun:
         prepared = prepare(d.dataset, d.raw_dir, PREPARED, p.seed, d.test_fraction, d.val_fraction)
         mark_outputs(mlrun, [MANIFEST])
+        mlrun.log_datasets(prepared_datasets(MANIFEST))
         mlrun.log_metrics({f"n_{k}": v["n"] for k, v in prepared.manifest["splits"].items()})
         mlrun.log_artifact(MANIFEST)
 

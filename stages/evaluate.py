@@ -123,10 +123,10 @@ def run() -> None:
         )
         mlrun.log_metrics(
             {
-                **result.metrics,
+                **_prefixed("test/", result.metrics),
                 **sharp,
-                **_prefixed("val_", results["val"].metrics),
-                **_prefixed("sigma_ratio_", spread or {}),
+                **_prefixed("val/", results["val"].metrics),
+                **_prefixed("sigma_ratio/", spread or {}),
                 **{f"shift/{k}/{m}": v for k, row in shift.items() for m, v in row.items()},
                 **{
                     f"ood/{spec}/{score}/{m}": v

@@ -301,15 +301,33 @@ def test_mlflow_runs(repo: Path) -> None:
         run_file = repo / ("reports/run.json" if stage == "report" else f"runs/{stage}.json")
         assert json.loads(run_file.read_text())["run_id"] == run.info.run_id
     swag = by_name["evaluate@swag"]
+    assert swag.data.tags["mlflow.source.name"] == "stages/evaluate.py"
+    assert swag.data.tags["mlflow.source.type"] == "LOCAL"
+    assert swag.info.user_id == swag.data.tags["mlflow.user"]
+    manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
+    for stage in ("data", "evaluate@swag", "finetune@swag"):
+        used = {
+            (d.dataset.name, d.dataset.digest, d.tags[0].value)
+            for d in by_name[stage].inputs.dataset_inputs
+        }
+        assert used == {
+            (f"mnist5k-{split}", entry["sha256"][:36], split)
+            for split, entry in manifest["splits"].items()
+        }, stage
     assert swag.data.tags["upstream.finetune@swag"] == by_name["finetune@swag"].info.run_id
     assert swag.data.tags["upstream.data"] == by_name["data"].info.run_id
     hwa = by_name["finetune@hwa"]
     assert hwa.data.tags["upstream.finetune@vi"] == by_name["finetune@vi"].info.run_id
     assert by_name["finetune@vi"].data.tags["upstream.pretrain"] == by_name["pretrain"].info.run_id
     assert swag.data.params["predictor.method"] == "swag"
-    assert {"accuracy", "nll", "ece", "brier", "val_nll"} <= set(swag.data.metrics)
+    assert {"test/accuracy", "test/nll", "test/ece", "test/brier", "val/nll"} <= set(
+        swag.data.metrics
+    )
+    assert "shift/rotate_90/nll" in swag.data.metrics
     assert by_name["pretrain"].data.params["pretrain.epochs"] == "1"
-    assert "train_loss" in by_name["pretrain"].data.metrics
+    assert {"train/loss", "val/loss", "stage/compute_seconds"} <= set(
+        by_name["pretrain"].data.metrics
+    )
     report = by_name["report"]
     assert report.data.tags["upstream.evaluate@swag"] == swag.info.run_id
     artifacts = repo / "mlartifacts"

@@ -290,7 +290,7 @@ def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str)
     assert len(runs) == 2, "the resumed stage logs into the run it started"
     resumed = next(r for r in runs if r.info.run_id == killed.info.run_id)
     assert resumed.info.status == "FINISHED"
-    assert "train_loss" in resumed.data.metrics
+    assert "train/loss" in resumed.data.metrics
 
 
 def test_changed_params_discard_the_checkpoint(kill_repo: Path) -> None:

@@ -94,3 +94,63 @@ def test_a_broken_store_is_an_error_not_a_hang(tmp_path: Path) -> None:
         tracker.run("s", experiment="e", tags={}, inputs={}) as run,
     ):
         _ = run.run_id
+
+
+def test_experiments_open_as_model_training_and_runs_name_their_source(
+    store: tuple[str, str],
+) -> None:
+    """The kind tag on a new experiment and on one made before it existed; MLflow's own
+    source tags fill the UI's Source, User and Version columns (run.info.user_id too)."""
+    from bayesavg.tracking import EXPERIMENT_KIND, open_run, source_tags
+
+    client = MlflowClient(tracking_uri=store[0])
+    old = client.create_experiment("old", artifact_location=store[1])
+    assert "mlflow.experimentKind" not in client.get_experiment(old).tags
+    tags = source_tags("stages/evaluate.py", "abc123-dirty")
+    for name in ("new", "old"):
+        run = open_run(
+            "s", tracking_uri=store[0], artifact_location=store[1], experiment=name, tags=tags
+        )
+        run.terminate()
+        exp = client.get_experiment_by_name(name)
+        assert {k: exp.tags.get(k) for k in EXPERIMENT_KIND} == EXPERIMENT_KIND
+        got = client.get_run(run.run_id)
+        assert got.data.tags["mlflow.source.name"] == "stages/evaluate.py"
+        assert got.data.tags["mlflow.source.type"] == "LOCAL"
+        assert got.data.tags["mlflow.source.git.commit"] == "abc123-dirty"
+        assert got.info.user_id == tags["mlflow.user"] != ""
+
+
+def test_dataset_inputs_show_name_digest_and_split(store: tuple[str, str]) -> None:
+    sha = "ab" * 32
+    with Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}) as run:
+        run.log_datasets(
+            [
+                {
+                    "name": "mnist5k-train",
+                    "digest": sha,
+                    "source": "/d/train.pt",
+                    "context": "train",
+                },
+                {"name": "mnist5k-test", "digest": sha, "source": "/d/test.pt", "context": "test"},
+            ]
+        )
+    got = _run(store, run.run_id).inputs.dataset_inputs
+    found = {(d.dataset.name, d.dataset.digest, d.dataset.source, d.tags[0].value) for d in got}
+    assert found == {
+        ("mnist5k-train", sha[:36], '{"uri": "/d/train.pt"}', "train"),
+        ("mnist5k-test", sha[:36], '{"uri": "/d/test.pt"}', "test"),
+    }
+    assert {d.tags[0].key for d in got} == {"mlflow.data.context"}
+
+
+def test_metric_names_are_grouped_by_split() -> None:
+    from bayesavg.tracking import metric_key
+
+    assert metric_key("train_loss") == "train/loss"
+    assert metric_key("val_accuracy") == "val/accuracy"
+    assert metric_key("avg_test_loss") == "avg_test/loss"
+    assert metric_key("stage_compute_seconds") == "stage/compute_seconds"
+    assert metric_key("test/nll") == "test/nll"
+    assert metric_key("snapshots") == "snapshots"
+    assert metric_key("train_") == "train_"

@@ -24,6 +24,19 @@ _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
 
 
+# Metric names MLflow's UI groups into one chart section: train_loss -> train/loss.
+_GROUPED_PREFIXES = ("avg_test_", "train_", "val_", "test_", "stage_")
+
+
+def metric_key(name: str) -> str:
+    """``<split>_<metric>`` as ``<split>/<metric>``, the ``/`` grouping the UI's charts use;
+    names already grouped, or with no known prefix, are kept."""
+    for prefix in _GROUPED_PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return f"{prefix[:-1]}/{name[len(prefix) :]}"
+    return name
+
+
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
@@ -33,6 +46,23 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[key] = str(v)[:_MAX_PARAM_CHARS]
     return out
+
+
+def source_tags(script: str, commit: str) -> dict[str, str]:
+    """MLflow's own tags for where a run came from, which the UI's Source, User and Version
+    columns show (the client API, unlike ``mlflow.start_run``, sets none of them)."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return {
+        "mlflow.source.name": script,
+        "mlflow.source.type": "LOCAL",
+        "mlflow.user": user,
+        "mlflow.source.git.commit": commit,
+    }
 
 
 def git_commit(cwd: str | Path) -> str:
@@ -78,7 +108,7 @@ class Run:
 
         now = int(time.time() * 1000)
         items = [
-            Metric(f"{prefix}{k}", float(v), now, int(row[step_key]))
+            Metric(f"{prefix}{metric_key(k)}", float(v), now, int(row[step_key]))
             for row in rows
             for k, v in row.items()
             if k != step_key and isinstance(v, int | float)
@@ -97,6 +127,32 @@ class Run:
         from mlflow.entities import RunTag
 
         self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_datasets(self, datasets: Sequence[Mapping[str, str]]) -> None:
+        """Dataset inputs the UI's Datasets column shows: each a mapping with ``name``,
+        ``digest`` (of the data's bytes; MLflow keeps 36 characters), ``source`` (where the
+        data lies) and ``context`` (``train``, ``val``, ``test``). Built as entities, not
+        through ``mlflow.data``, which would hash and profile the arrays again."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        self._client.log_inputs(
+            self.run_id,
+            datasets=[
+                DatasetInput(
+                    Dataset(
+                        name=d["name"],
+                        digest=d["digest"][:36],
+                        source_type="local",
+                        source=json.dumps({"uri": d["source"]}),
+                        profile=d.get("profile"),
+                    ),
+                    tags=[InputTag("mlflow.data.context", d["context"])],
+                )
+                for d in datasets
+            ],
+        )
 
     def mark_outputs(self, digests: Mapping[str, str]) -> None:
         """Tag the run with the sha256 of each output it wrote (``OUTPUT_TAG`` + path),
@@ -145,18 +201,28 @@ def warm_store(tracking_uri: str) -> None:
     _client(tracking_uri)
 
 
+# MLflow 3 shows an experiment as GenAI (traces) or model training by this tag; its UI
+# 3.x also keeps a per-browser choice, which `make ui`'s URL sets (?workflowType=...).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
+    """The experiment's id, created if missing; marked as a model-training experiment."""
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except Exception:
-        # Another stage (dvc exp run --queue with jobs) created it meanwhile.
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return client.create_experiment(
+                name, artifact_location=artifact_location, tags=EXPERIMENT_KIND
+            )
+        except Exception:
+            # Another stage (dvc exp run --queue with jobs) created it meanwhile.
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    for key, value in EXPERIMENT_KIND.items():
+        if exp.tags.get(key) != value:
+            client.set_experiment_tag(exp.experiment_id, key, value)
+    return exp.experiment_id
 
 
 def open_run(

@@ -155,6 +155,9 @@ class RemoteRun:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._tracker.send("set_tags", tags=dict(tags))
 
+    def log_datasets(self, datasets: list[Mapping[str, str]]) -> None:
+        self._tracker.send("log_datasets", datasets=[dict(d) for d in datasets])
+
     def mark_outputs(self, digests: Mapping[str, str]) -> None:
         self._tracker.send("mark_outputs", digests=dict(digests))
 

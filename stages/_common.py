@@ -189,6 +189,7 @@ def tracked(
         "command": " ".join(sys.argv),
         **(tags or {}),
     }
+    parent = execution()
     with tracker.run(
         stage,
         experiment=p.tracking.experiment,
@@ -196,15 +197,23 @@ def tracked(
         inputs={str(path): digest(path) for path in inputs},
         resume=resume,
         start_time=int(_bootstrap.STARTED_AT * 1000),
+        parent=parent,
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
         if MANIFEST in inputs:
             run.log_datasets(prepared_datasets(MANIFEST))
         started = time.perf_counter()
-        yield run
+        try:
+            yield run
+        except BaseException:
+            if parent is not None:
+                run.record_in_parent(stage, reused_runs(stage), "FAILED")
+            raise
         done = time.perf_counter()
         seconds = {"startup": started - _bootstrap.STARTED, "compute": done - started}
         run.log_metrics({f"stage_{k}_seconds": v for k, v in seconds.items()})
+        if parent is not None:
+            run.record_in_parent(stage, reused_runs(stage), "FINISHED")
     seconds["finish"] = time.perf_counter() - done
     write_json(
         id_file or run_file(stage),
@@ -215,6 +224,54 @@ def tracked(
             "seconds": seconds,
         },
     )
+
+
+def _is_dvc(cmdline: list[str]) -> bool:
+    """``dvc ...``, ``python .../bin/dvc ...`` or ``python -m dvc ...``."""
+    names = [Path(part).name for part in cmdline[:2]]
+    return "dvc" in names or cmdline[1:3] == ["-m", "dvc"]
+
+
+def execution() -> dict[str, str] | None:
+    """The pipeline execution this stage runs in: its nearest ``dvc`` ancestor process
+    (``dvc repro``, ``dvc exp run``, a queue worker's ``dvc exp exec-run``), which all
+    stages of one execution share and no other execution does. Its key is that
+    process's host, pid, start time and DVC experiment name; its name is the DVC
+    experiment's, else ``dvc repro <start>``. None when no DVC process started us."""
+    import socket
+
+    import psutil
+
+    for proc in psutil.Process().parents():
+        try:
+            if not _is_dvc(proc.cmdline()):
+                continue
+            started = proc.create_time()
+        except psutil.Error:
+            continue
+        exp = os.environ.get("DVC_EXP_NAME", "")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        return {
+            "key": f"{socket.gethostname()}:{proc.pid}:{int(started * 1000)}:{exp}",
+            "name": exp or f"dvc repro {when}",
+            "dvc_exp_name": exp,
+        }
+    return None
+
+
+def reused_runs(stage: str) -> dict[str, str]:
+    """Every other stage's run as its id file records it (the run that made the outputs in
+    this workspace): what an execution reused unless it ran that stage itself."""
+    found = {}
+    for file in [*sorted(RUNS.glob("*.json")), Path("reports/run.json")]:
+        try:
+            record = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        name = record.get("stage")
+        if name and name != stage and "run_id" in record:
+            found[name] = record["run_id"]
+    return found
 
 
 def prepared_datasets(manifest: Path) -> list[dict[str, str]]:

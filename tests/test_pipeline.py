@@ -265,7 +265,17 @@ def _project_path(path: str, repo: Path) -> str | None:
     return None
 
 
-_NOT_PIPELINE = (".git/", ".dvc/", "mlflow.db", "mlartifacts/", "checkpoints/")
+# Besides DVC's, git's and MLflow's own files: the run id files of other stages, which a
+# stage reads only to tell its parent MLflow run which stages were reused (no output).
+_NOT_PIPELINE = (
+    ".git/",
+    ".dvc/",
+    "mlflow.db",
+    "mlartifacts/",
+    "checkpoints/",
+    "runs/",
+    "reports/run.json",
+)
 
 
 def test_stages_import_and_read_only_declared_deps(repo: Path, traces: Path) -> None:
@@ -289,11 +299,34 @@ def test_stages_import_and_read_only_declared_deps(repo: Path, traces: Path) -> 
         assert not undeclared, f"{stage} used files dvc.yaml does not declare: {undeclared}"
 
 
+def _stage_runs(runs: list[Any]) -> list[Any]:
+    return [r for r in runs if "dvc_stage" in r.data.tags]
+
+
+def _children(runs: list[Any], parent: Any) -> dict[str, Any]:
+    return {
+        r.info.run_name: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+
+
 def test_mlflow_runs(repo: Path) -> None:
-    runs = _runs(repo)
+    everything = _runs(repo)
+    runs = _stage_runs(everything)
     by_name = {r.info.run_name: r for r in runs}
     assert set(by_name) == STAGES
     assert len(runs) == len(STAGES)
+    parents = [r for r in everything if "dvc_stage" not in r.data.tags]
+    assert len(parents) == 1, "one parent run for the one dvc repro"
+    parent = parents[0]
+    assert parent.info.run_name.startswith("dvc repro ")
+    assert parent.info.status == "FINISHED"
+    assert _children(everything, parent) == by_name
+    summary = json.loads(parent.data.tags["bayesavg.stages"])
+    assert set(summary["ran"]) == STAGES and summary["reused"] == {}
+    assert summary["ran"]["evaluate@swag"] == by_name["evaluate@swag"].info.run_id
+    assert parent.data.tags["mlflow.source.type"] == "LOCAL"
     for stage, run in by_name.items():
         assert run.info.status == "FINISHED"
         assert run.data.tags["dvc_stage"] == stage
@@ -404,7 +437,49 @@ def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     before = {r.info.run_id for r in _runs(repo)}
     change = "evaluate.predictors.swag.scale=0.25"
     sh(repo, str(BIN / "dvc"), "exp", "run", "--temp", "-n", "narrower", "-S", change)
-    new = [r for r in _runs(repo) if r.info.run_id not in before]
-    assert {r.info.run_name for r in new} == {"evaluate@swag", "report"}
+    everything = _runs(repo)
+    new = [r for r in everything if r.info.run_id not in before]
+    stages = {r.info.run_name: r for r in _stage_runs(new)}
+    assert set(stages) == {"evaluate@swag", "report"}
     assert all(r.data.tags["dvc_exp_name"] == "narrower" for r in new)
+    (parent,) = [r for r in new if "dvc_stage" not in r.data.tags]
+    assert parent.info.run_name == "narrower"
+    assert _children(everything, parent) == stages
+    summary = json.loads(parent.data.tags["bayesavg.stages"])
+    assert set(summary["ran"]) == {"evaluate@swag", "report"}
+    first = {
+        r.info.run_name: r.info.run_id for r in _stage_runs(everything) if r.info.run_id in before
+    }
+    assert summary["reused"]["finetune@swag"] == first["finetune@swag"]
+    assert set(summary["reused"]) == STAGES - {"evaluate@swag", "report"}
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
+
+
+def test_queued_experiments_in_parallel_get_their_own_parents(repo: Path) -> None:
+    """Two queued experiments run at once (``dvc queue start -j 2``): each has one parent
+    run named after it, with its own stages as children; nothing is cross-linked."""
+    import time
+
+    before = {r.info.run_id for r in _runs(repo)}
+    for name, scale in (("wide", "0.75"), ("wider", "1.0")):
+        change = f"evaluate.predictors.swag.scale={scale}"
+        sh(repo, str(BIN / "dvc"), "exp", "run", "--queue", "-n", name, "-S", change)
+    sh(repo, str(BIN / "dvc"), "queue", "start", "-j", "2")
+    deadline = time.monotonic() + 600
+    while True:
+        status = sh(repo, str(BIN / "dvc"), "queue", "status").stdout
+        if not any(word in status for word in ("Queued", "Running")):
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(2)
+    assert status.count("Success") >= 2, status
+    everything = _runs(repo)
+    new = [r for r in everything if r.info.run_id not in before]
+    parents = {r.info.run_name: r for r in new if "dvc_stage" not in r.data.tags}
+    assert set(parents) == {"wide", "wider"}
+    for name, parent in parents.items():
+        children = _children(everything, parent)
+        assert set(children) == {"evaluate@swag", "report"}, name
+        assert all(c.data.tags["dvc_exp_name"] == name for c in children.values())
+        scale = children["evaluate@swag"].data.params["predictor.scale"]
+        assert scale == {"wide": "0.75", "wider": "1.0"}[name]

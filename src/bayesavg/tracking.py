@@ -19,6 +19,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 OUTPUT_TAG = "bayesavg.output."
+# A pipeline execution's parent run: found by this tag's value (the execution's key);
+# PIPELINE_TAG holds, as JSON, the stages that ran in it and those it reused.
+EXECUTION_TAG = "bayesavg.execution"
+PIPELINE_TAG = "bayesavg.stages"
+PARENT_TAG = "mlflow.parentRunId"
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -163,6 +168,34 @@ class Run:
         """End the run: FINISHED, FAILED or KILLED."""
         self._client.set_terminated(self.run_id, status=status)
 
+    def record_in_parent(self, stage: str, reused: Mapping[str, str], status: str) -> None:
+        """Tell this run's parent (its pipeline execution) that ``stage`` ran here, which
+        stages it reused (stage -> the run that made their outputs), and end it ``status``.
+
+        Stages of one execution run one after another, so this read-modify-write of
+        the parent's summary is never concurrent; each stage rewrites it whole, and
+        the last one leaves it complete.
+        """
+        import json
+
+        parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
+        if parent is None:
+            return
+        found = json.loads(self._client.get_run(parent).data.tags.get(PIPELINE_TAG, "{}"))
+        ran = {**found.get("ran", {}), stage: self.run_id}
+        kept = {k: v for k, v in sorted(reused.items()) if k not in ran}
+        note = [f"Ran {len(ran)} stage(s): {', '.join(ran)}."]
+        if kept:
+            note.append(
+                f"Reused {len(kept)} stage(s) DVC skipped; their outputs come from: "
+                + "; ".join(f"{k} (run {v})" for k, v in kept.items())
+                + "."
+            )
+        summary = json.dumps({"ran": ran, "reused": kept}, sort_keys=True)
+        self._client.set_tag(parent, PIPELINE_TAG, summary)
+        self._client.set_tag(parent, "mlflow.note.content", " ".join(note))
+        self._client.set_terminated(parent, status=status)
+
 
 def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dict[str, str]:
     """``upstream.<run name>`` -> run id of the newest run that wrote each input's bytes.
@@ -235,8 +268,14 @@ def open_run(
     inputs: Mapping[str, str] | None = None,
     resume: str | None = None,
     start_time: int | None = None,
+    parent: Mapping[str, str] | None = None,
 ) -> Run:
     """Create a run (RUNNING), or reopen the run ``resume`` if it still exists.
+
+    ``parent``: the pipeline execution this run belongs to, ``key`` (unique to the
+    execution) and ``name``; the run becomes a child of the execution's parent run,
+    created by the first stage that asks for it. A reopened run moves to the
+    execution that resumed it.
 
     ``inputs`` (path -> sha256 of files the run reads) adds an
     ``upstream.<stage>`` tag per run that wrote them. Tags are set when the
@@ -247,16 +286,48 @@ def open_run(
     """
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
+    parent_id = _parent_run(client, exp_id, parent, tags or {}) if parent else None
     run = _resumed(client, resume, exp_id) if resume else None
     if run is not None:
         client.update_run(run.run_id, status="RUNNING")
+        if parent_id is not None:
+            client.set_tag(run.run_id, PARENT_TAG, parent_id)
         log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
         return run
     tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
+    if parent_id is not None:
+        tags[PARENT_TAG] = parent_id
     mlflow_run = client.create_run(exp_id, start_time=start_time, run_name=run_name, tags=tags)
     run = Run(client, mlflow_run.info.run_id)
     log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
     return run
+
+
+_SOURCE_TAGS = (
+    "mlflow.source.name",
+    "mlflow.source.type",
+    "mlflow.user",
+    "mlflow.source.git.commit",
+)
+
+
+def _parent_run(
+    client: Any, experiment_id: str, parent: Mapping[str, str], tags: Mapping[str, str]
+) -> str:
+    """The id of the execution's parent run, created (named ``parent["name"]``, with the
+    child's source tags) if no run has its key yet."""
+    key = parent["key"].replace("'", "")
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{EXECUTION_TAG}` = '{key}'", max_results=1
+    )
+    if found:
+        return found[0].info.run_id
+    own = {k: tags[k] for k in _SOURCE_TAGS if k in tags}
+    extra = {k: v for k, v in parent.items() if k not in ("key", "name")}
+    run = client.create_run(
+        experiment_id, run_name=parent["name"], tags={EXECUTION_TAG: key, **own, **extra}
+    )
+    return run.info.run_id
 
 
 @contextlib.contextmanager

@@ -91,6 +91,7 @@ class Tracker:
         inputs: Mapping[str, str],
         resume: str | None = None,
         start_time: int | None = None,
+        parent: Mapping[str, str] | None = None,
     ) -> Iterator[RemoteRun]:
         """Start a run in the worker, yield it, end it FINISHED (FAILED on an exception).
 
@@ -106,6 +107,7 @@ class Tracker:
             inputs=dict(inputs),
             resume=resume,
             start_time=start_time,
+            parent=dict(parent) if parent else None,
         )
         run = RemoteRun(self)
         try:
@@ -160,6 +162,9 @@ class RemoteRun:
 
     def mark_outputs(self, digests: Mapping[str, str]) -> None:
         self._tracker.send("mark_outputs", digests=dict(digests))
+
+    def record_in_parent(self, stage: str, reused: Mapping[str, str], status: str) -> None:
+        self._tracker.send("record_in_parent", stage=stage, reused=dict(reused), status=status)
 
 
 def _plain(value: Any) -> Any:

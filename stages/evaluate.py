@@ -1,9 +1,10 @@
 """Stage `evaluate@<predictor>`: BMA over posterior samples; metrics and plot data."""
 
 import sys
+import tempfile
 from pathlib import Path
 
-from _common import MANIFEST, PREPARED, main, params, tracked
+from _common import MANIFEST, PREPARED, digest, main, params, tracked
 
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json, write_npz
@@ -17,6 +18,7 @@ def run() -> None:
     from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, method_of, needs_bn_data
     from bayesavg.extra_sets import ood_images, shift_subset, shifted
     from bayesavg.posterior_file import load_posterior
+    from bayesavg.predict import MODEL_CODE, PredictorConfig
     from bayesavg.sampling import sigma_ratio
     from bayesavg.seeding import derive_seed, resolve_device
     from bayesavg.shift import shifts
@@ -36,7 +38,12 @@ def run() -> None:
     }
     stage = f"evaluate@{name}"
     posterior_file = Path("models") / pred.trajectory / "posterior.pt"
-    with tracked(stage, p, logged, [MANIFEST, posterior_file]) as mlrun:
+    # The BatchNorm images the served model needs outlive the run: the tracking worker
+    # copies them into the model after the stage's last line.
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        tracked(stage, p, logged, [MANIFEST, posterior_file]) as mlrun,
+    ):
         device = resolve_device(p.device)
         data = load_prepared(PREPARED)
         posterior = load_posterior(posterior_file)
@@ -139,6 +146,29 @@ def run() -> None:
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
         mlrun.log_artifact(Path("plots/reliability") / f"{name}.csv", "plots")
         mlrun.log_artifact(predictions, "predictions")
+        bn_images = None
+        if bn_x is not None:
+            import torch
+
+            bn_images = str(Path(tmp) / "bn_images.pt")
+            torch.save(bn_subset(data.train, e.bn_update_fraction, p.seed).x, bn_images)
+        mlrun.log_model(
+            name=name,
+            posterior=str(posterior_file),
+            digest=digest(posterior_file),
+            config=PredictorConfig(
+                method=pred.method,
+                scale=pred.effective_scale(),
+                n_samples=e.n_samples,
+                seed=derive_seed(p.seed, "evaluate", name),
+                batch_size=e.batch_size,
+            ).as_mapping(),
+            input_shape=list(posterior.input_shape),
+            num_classes=posterior.num_classes,
+            example=data.test.x[:2].tolist(),
+            code=str(MODEL_CODE),
+            bn_images=bn_images,
+        )
 
 
 def _pick(metrics: dict[str, float]) -> dict[str, float]:

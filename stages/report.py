@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 from pathlib import Path
 
 from _common import MANIFEST, RUNS, main, params, raw_params, tracked
@@ -208,6 +209,15 @@ def run() -> None:
         paths = write_report(inputs, OUT)
         for path in paths.values():
             mlrun.log_artifact(path, "report")
+        # The best predictor by validation NLL becomes the registry's champion.
+        candidates = {
+            r.name: {"run_id": run_ids[f"evaluate@{r.name}"], "val_nll": r.metrics["val"]["nll"]}
+            for r in predictors
+            if f"evaluate@{r.name}" in run_ids
+        }
+        if candidates:
+            dataset = re.sub(r"[^A-Za-z0-9_.-]+", "_", manifest["dataset"])
+            mlrun.register_best(f"bayesavg-{dataset}", candidates)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ from stage_deps import ROOT, covered, import_closure, script_of, stage_bodies
 
 STAGES = stage_bodies()
 CODE_DIRS = ("src/", "stages/")
+# Code a stage reads as data, never imports: the MLflow model's code file, which the
+# evaluate stages log as the model (MLflow runs it only where the model is loaded).
+READ_AS_DATA = {"evaluate": {"src/bayesavg/mlflow_model.py"}}
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -42,7 +45,7 @@ def test_no_code_dep_the_stage_does_not_import(stage: str) -> None:
         extra += [
             f.relative_to(ROOT).as_posix()
             for f in files
-            if f.relative_to(ROOT).as_posix() not in closure
+            if f.relative_to(ROOT).as_posix() not in closure | READ_AS_DATA.get(stage, set())
         ]
     assert not extra, f"{stage}: dvc.yaml declares code it does not import: {extra}"
 

@@ -363,6 +363,18 @@ def test_mlflow_runs(repo: Path) -> None:
     )
     report = by_name["report"]
     assert report.data.tags["upstream.evaluate@swag"] == swag.info.run_id
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    for pred in PREDICTORS:
+        (output,) = by_name[f"evaluate@{pred}"].outputs.model_outputs
+        assert client.get_logged_model(output.model_id).name == pred
+    champion = client.get_model_version_by_alias("bayesavg-mnist5k", "champion")
+    assert report.data.tags["registered_model"] == f"models:/bayesavg-mnist5k/{champion.version}"
+    val_nll = {
+        p: json.loads((repo / f"metrics/{p}.json").read_text())["val"]["nll"] for p in PREDICTORS
+    }
+    assert champion.tags["predictor"] == min(val_nll, key=val_nll.get)
     artifacts = repo / "mlartifacts"
     assert any(artifacts.rglob("report.html"))
     assert any(artifacts.rglob("posterior.pt"))

@@ -100,6 +100,7 @@ def evaluate(
     name: str | None = None,
     ood: Mapping[str, torch.Tensor] | None = None,
     ood_reference: str = "test",
+    point_scores: bool = False,
 ) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
@@ -113,7 +114,9 @@ def evaluate(
     ``ood`` maps a name to model-ready inputs from elsewhere (no labels): each
     sampled network predicts them in the same forward pass as the splits, and
     their max-probability, entropy and mutual-information scores are compared
-    with those of split ``ood_reference`` (its ``Evaluation.ood``).
+    with those of split ``ood_reference`` (its ``Evaluation.ood``). ``point_scores``: keep
+    the per-point scores of split ``ood_reference`` (``Evaluation.ood_scores``) even
+    without OOD sets, for a predictor that reports entropy and mutual information.
     """
     device = torch.device(device)
     entry = method_of(method)
@@ -134,12 +137,13 @@ def evaluate(
         raise UserError(f"predictor {name} on a BatchNorm model needs training data for BN")
     names = list(splits)
     ood = dict(ood or {})
-    if ood and ood_reference not in splits:
+    if (ood or point_scores) and ood_reference not in splits:
         raise ValueError(f"ood_reference {ood_reference!r} is not one of the splits")
     sizes = [splits[n][0].shape[0] for n in names]
     ood_sizes = [x.shape[0] for x in ood.values()]
     x_all = torch.cat([splits[n][0] for n in names] + [x for x in ood.values()]).to(device)
-    scorers = {key: OODAccumulator() for key in [ood_reference, *ood]} if ood else {}
+    scored = ood or point_scores
+    scorers = {key: OODAccumulator() for key in [ood_reference, *ood]} if scored else {}
     ys = [splits[n][1].to(device) for n in names]
     log_sum: torch.Tensor | None = None
     per_s: dict[str, list[dict[str, torch.Tensor]]] = {n: [] for n in names}

@@ -91,9 +91,10 @@ def git_commit(cwd: str | Path) -> str:
 class Run:
     """A started MLflow run: log params, metric histories, artifacts."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: Any, run_id: str, tracking_uri: str | None = None) -> None:
         self._client = client
         self.run_id = run_id
+        self.tracking_uri = tracking_uri
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -168,6 +169,87 @@ class Run:
         """End the run: FINISHED, FAILED or KILLED."""
         self._client.set_terminated(self.run_id, status=status)
 
+    def log_model(
+        self,
+        name: str,
+        posterior: str,
+        digest: str,
+        config: Mapping[str, Any],
+        input_shape: Sequence[int],
+        num_classes: int,
+        example: Sequence[Any],
+        code: str,
+        bn_images: str | None = None,
+    ) -> str:
+        """Log the predictor as an MLflow pyfunc model (``bayesavg.mlflow_model``) linked to
+        this run; returns its model id.
+
+        The posterior is not stored again when a run of this experiment already logged
+        these bytes (``digest``) as ``posterior/posterior.pt`` (the finetune stage's
+        artifact): the model then points at it (``posterior_uri``). The signature is
+        given, so MLflow neither infers requirements nor runs the model to log it.
+        ``code``: the model's code file (``bayesavg.predict.MODEL_CODE``), stored as is.
+        """
+        import tempfile
+
+        import mlflow
+        import numpy as np
+        from mlflow.entities import LoggedModelOutput
+        from mlflow.models import ModelSignature
+        from mlflow.types.schema import Schema, TensorSpec
+
+        client = self._client
+        exp_id = client.get_run(self.run_id).info.experiment_id
+        stored = _upstream(client, exp_id, {posterior: digest})
+        config = dict(config)
+        artifacts = {} if bn_images is None else {"bn_images": bn_images}
+        if stored:
+            config["posterior_uri"] = f"runs:/{next(iter(stored.values()))}/posterior/posterior.pt"
+        else:
+            artifacts["posterior"] = posterior
+        f64, i64 = np.dtype("float64"), np.dtype("int64")
+        signature = ModelSignature(
+            inputs=Schema([TensorSpec(np.dtype("uint8"), (-1, *input_shape))]),
+            outputs=Schema(
+                [
+                    TensorSpec(f64, (-1, num_classes), "probabilities"),
+                    TensorSpec(i64, (-1,), "predicted_class"),
+                    TensorSpec(f64, (-1,), "entropy"),
+                    TensorSpec(f64, (-1,), "mutual_info"),
+                ]
+            ),
+        )
+        model = client.create_logged_model(
+            exp_id,
+            name=name,
+            source_run_id=self.run_id,
+            params={k: str(v) for k, v in config.items()},
+            model_type="bayesavg-posterior",
+        )
+        if self.tracking_uri is not None:  # save_model resolves runs:/ URIs with it
+            mlflow.set_tracking_uri(self.tracking_uri)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / "model"
+            mlflow.pyfunc.save_model(
+                local,
+                python_model=code,
+                artifacts=artifacts or None,
+                model_config=config,
+                signature=signature,
+                input_example=np.asarray(example, dtype=np.uint8),
+                pip_requirements=_requirements(),
+            )
+            client.log_model_artifacts(model.model_id, str(local))
+        client.finalize_logged_model(model.model_id, "READY")
+        client.log_outputs(self.run_id, [LoggedModelOutput(model.model_id, 0)])
+        return model.model_id
+
+    def register_best(self, name: str, candidates: Mapping[str, Mapping[str, Any]]) -> None:
+        """``register_best`` in this run's store, and tag this run with what it registered."""
+        assert self.tracking_uri is not None
+        version = register_best(self.tracking_uri, name, candidates)
+        self.set_tags({"registered_model": f"models:/{name}/{version}"})
+
     def record_in_parent(self, stage: str, reused: Mapping[str, str], status: str) -> None:
         """Tell this run's parent (its pipeline execution) that ``stage`` ran here, which
         stages it reused (stage -> the run that made their outputs), and end it ``status``.
@@ -195,6 +277,62 @@ class Run:
         self._client.set_tag(parent, PIPELINE_TAG, summary)
         self._client.set_tag(parent, "mlflow.note.content", " ".join(note))
         self._client.set_terminated(parent, status=status)
+
+
+def _requirements() -> list[str]:
+    """The model's pip requirements, pinned to what runs here (never inferred: inferring
+    loads the model in a subprocess)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("mlflow", "torch", "torchvision", "numpy", "bayesavg"):
+        try:
+            found.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def register_best(tracking_uri: str, name: str, candidates: Mapping[str, Mapping[str, Any]]) -> str:
+    """Register the candidate with the lowest ``val_nll`` (each candidate: ``run_id`` of the
+    run that logged its model, ``val_nll``) as a new version of registered model ``name``,
+    alias ``champion``, unless its model already is the latest version; the registered
+    model's description lists every candidate, best first. Returns the version."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)  # the registry resolves models:/ with the global one
+    models = {}
+    for pred, info in candidates.items():
+        outputs = client.get_run(info["run_id"]).outputs
+        found = outputs.model_outputs if outputs is not None else []
+        if found:
+            models[pred] = (found[-1].model_id, float(info["val_nll"]))
+    if not models:
+        raise ValueError("no candidate run logged a model")
+    ranked = sorted(models.items(), key=lambda kv: kv[1][1])
+    best = ranked[0][1][0]
+    with contextlib.suppress(MlflowException):  # it exists
+        client.create_registered_model(name)
+    versions = client.search_model_versions(f"name = '{name}'")
+    latest = max(versions, key=lambda v: int(v.version), default=None)
+    if latest is not None and latest.source.removeprefix("models:/") == best:
+        version = latest.version
+    else:
+        version = client.create_model_version(
+            name,
+            f"models:/{best}",
+            run_id=client.get_logged_model(best).source_run_id,
+            model_id=best,
+            tags={"predictor": ranked[0][0]},
+        ).version
+    client.set_registered_model_alias(name, "champion", str(version))
+    lines = [f"{p}: models:/{m} (validation NLL {v:.4f})" for p, (m, v) in ranked]
+    client.update_registered_model(
+        name, description="Best by validation NLL first. Candidates:\n" + "\n".join(lines)
+    )
+    return str(version)
 
 
 def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dict[str, str]:
@@ -287,7 +425,7 @@ def open_run(
     client = _client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
     parent_id = _parent_run(client, exp_id, parent, tags or {}) if parent else None
-    run = _resumed(client, resume, exp_id) if resume else None
+    run = _resumed(client, resume, exp_id, tracking_uri) if resume else None
     if run is not None:
         client.update_run(run.run_id, status="RUNNING")
         if parent_id is not None:
@@ -298,7 +436,7 @@ def open_run(
     if parent_id is not None:
         tags[PARENT_TAG] = parent_id
     mlflow_run = client.create_run(exp_id, start_time=start_time, run_name=run_name, tags=tags)
-    run = Run(client, mlflow_run.info.run_id)
+    run = Run(client, mlflow_run.info.run_id, tracking_uri)
     log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
     return run
 
@@ -342,7 +480,7 @@ def start_run(run_name: str, **kwargs: Any) -> Iterator[Run]:
     run.terminate("FINISHED")
 
 
-def _resumed(client: Any, run_id: str, experiment_id: str) -> Run | None:
+def _resumed(client: Any, run_id: str, experiment_id: str, tracking_uri: str) -> Run | None:
     """The run ``run_id`` if it exists in this experiment and is not deleted."""
     from mlflow.exceptions import MlflowException
 
@@ -352,7 +490,7 @@ def _resumed(client: Any, run_id: str, experiment_id: str) -> Run | None:
         return None
     if info.experiment_id != experiment_id or info.lifecycle_stage != "active":
         return None
-    return Run(client, run_id)
+    return Run(client, run_id, tracking_uri)
 
 
 def default_store(root: str | Path) -> tuple[str, str]:

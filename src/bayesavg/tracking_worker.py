@@ -163,6 +163,13 @@ class RemoteRun:
     def mark_outputs(self, digests: Mapping[str, str]) -> None:
         self._tracker.send("mark_outputs", digests=dict(digests))
 
+    def log_model(self, **fields: Any) -> None:
+        """``tracking.Run.log_model``'s arguments, as JSON-ready values."""
+        self._tracker.send("log_model", **_plain(fields))
+
+    def register_best(self, name: str, candidates: Mapping[str, Mapping[str, Any]]) -> None:
+        self._tracker.send("register_best", name=name, candidates=_plain(candidates))
+
     def record_in_parent(self, stage: str, reused: Mapping[str, str], status: str) -> None:
         self._tracker.send("record_in_parent", stage=stage, reused=dict(reused), status=status)
 

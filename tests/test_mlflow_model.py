@@ -1,0 +1,194 @@
+"""Posteriors as MLflow models: the pyfunc round trip, no pickle, the registry, and a real
+`mlflow models serve` answering HTTP with the probabilities `bayesavg.evaluate` gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from bayesavg.evaluate import evaluate
+from bayesavg.io import sha256_file
+from bayesavg.posterior_file import load_posterior
+from bayesavg.predict import MODEL_CODE
+from bayesavg.tracking import open_run, register_best
+
+if TYPE_CHECKING:
+    from conftest import PreparedDir, TinyPosteriors
+
+BIN = Path(sys.executable).parent
+CONFIG = {"method": "swag", "scale": 0.5, "n_samples": 7, "seed": 3, "batch_size": 64}
+
+
+def _store(tmp_path: Path) -> tuple[str, str]:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
+
+
+def _images(prepared: PreparedDir, n: int = 6) -> np.ndarray:
+    return prepared.prepared.test.x[:n].numpy()
+
+
+def _expected(posterior: Path, images: np.ndarray) -> np.ndarray:
+    """What ``bayesavg evaluate`` computes for these images: evaluate() with the seed."""
+    post = load_posterior(posterior)
+    x = post.model_input(torch.as_tensor(images))
+    found = evaluate(
+        post,
+        CONFIG["method"],
+        {"test": (x, torch.zeros(len(images)).long())},
+        n_samples=CONFIG["n_samples"],
+        scale=CONFIG["scale"],
+        batch_size=CONFIG["batch_size"],
+        seed=CONFIG["seed"],
+    )
+    return found["test"].log_probs.exp().numpy()
+
+
+def _log(tmp_path: Path, posterior: Path, images: np.ndarray, stored: bool) -> tuple[str, str]:
+    """A run that logs the model; with ``stored`` an earlier run already holds the posterior
+    (as the finetune stage's artifact), so the model points at it instead of copying it."""
+    uri, artifacts = _store(tmp_path)
+    digest = sha256_file(posterior)
+    if stored:
+        trainer = open_run("finetune@swag", tracking_uri=uri, artifact_location=artifacts)
+        trainer.log_artifact(posterior.with_name("posterior.pt"), "posterior")
+        trainer.mark_outputs({str(posterior): digest})
+        trainer.terminate()
+    run = open_run("evaluate@swag", tracking_uri=uri, artifact_location=artifacts)
+    post = load_posterior(posterior)
+    model_id = run.log_model(
+        name="swag",
+        posterior=str(posterior),
+        digest=digest,
+        config=CONFIG,
+        input_shape=post.input_shape,
+        num_classes=post.num_classes,
+        example=images[:2].tolist(),
+        code=str(MODEL_CODE),
+    )
+    run.terminate()
+    return uri, model_id
+
+
+@pytest.fixture
+def posterior(tmp_path: Path, tiny_posteriors: TinyPosteriors) -> Path:
+    """The SWAG posterior under the name the finetune stage logs it by."""
+    path = tmp_path / "models" / "swag" / "posterior.pt"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(tiny_posteriors.swag.read_bytes())
+    return path
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_pyfunc_round_trip_gives_evaluates_probabilities(
+    tmp_path: Path, posterior: Path, mnist5k_prepared: PreparedDir, stored: bool
+) -> None:
+    images = _images(mnist5k_prepared)
+    uri, model_id = _log(tmp_path, posterior, images, stored)
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(tracking_uri=uri)
+    model = client.get_logged_model(model_id)
+    assert model.status == "READY" or str(model.status).endswith("READY")
+    files = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    in_model = [f for f in files if f"/{model_id}/" in f]
+    assert not any(f.endswith((".pkl", ".pickle")) for f in in_model), "no pickle in the model"
+    assert any(f.endswith("mlflow_model.py") for f in in_model), "the model is logged as code"
+    assert any(f.endswith("posterior.pt") for f in in_model) is not stored
+    loaded = mlflow.pyfunc.load_model(f"models:/{model_id}")
+    out = loaded.predict(images)
+    expected = _expected(posterior, images)
+    np.testing.assert_allclose(out["probabilities"], expected, rtol=0, atol=1e-12)
+    assert np.array_equal(out["predicted_class"], expected.argmax(1))
+    entropy = -(expected * np.log(expected)).sum(1)
+    np.testing.assert_allclose(out["entropy"], entropy, atol=1e-9)
+    assert (out["mutual_info"] >= 0).all() and (out["mutual_info"] <= out["entropy"] + 1e-12).all()
+    signature = loaded.metadata.signature
+    assert signature.inputs.inputs[0].shape == (-1, 1, 28, 28)
+    assert [s.name for s in signature.outputs.inputs] == [
+        "probabilities",
+        "predicted_class",
+        "entropy",
+        "mutual_info",
+    ]
+    run = client.get_run(model.source_run_id)
+    assert [o.model_id for o in run.outputs.model_outputs] == [model_id]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.loads(answer.read())
+
+
+def test_registered_best_model_is_served_over_http(
+    tmp_path: Path, posterior: Path, mnist5k_prepared: PreparedDir
+) -> None:
+    images = _images(mnist5k_prepared)
+    uri, model_id = _log(tmp_path, posterior, images, stored=True)
+    name = "bayesavg-test"
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.get_logged_model(model_id).source_run_id
+    candidates = {"swag": {"run_id": run_id, "val_nll": 0.1}}
+    assert register_best(uri, name, candidates) == "1"
+    assert register_best(uri, name, candidates) == "1", "same model: no new version"
+    assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
+    assert "swag: models:/" in client.get_registered_model(name).description
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    server = subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "models",
+            "serve",
+            "-m",
+            f"models:/{name}/latest",
+            "--env-manager",
+            "local",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the model server did not start in 180 s"
+                time.sleep(0.5)
+        answer = _post(f"http://127.0.0.1:{port}/invocations", {"inputs": images.tolist()})
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    got = np.asarray(answer["predictions"]["probabilities"])
+    np.testing.assert_allclose(got, _expected(posterior, images), rtol=0, atol=1e-12)
+    assert answer["predictions"]["predicted_class"] == got.argmax(1).tolist()

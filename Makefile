@@ -10,7 +10,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install run test lint bench ui clean
+.PHONY: install run test lint bench ui check-ui clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ ui: install
 	@echo "Runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
+
+check-ui: install
+	python scripts/check_ui.py
 
 clean:
 	rm -rf data/prepared models metrics plots reports runs

@@ -14,6 +14,7 @@ from _common import (
     MANIFEST,
     PREPARED,
     delegated,
+    digest,
     main,
     mark_outputs,
     params,
@@ -71,7 +72,7 @@ def run() -> None:
         post = result.posterior
         state = post.collector or (post.hwa["mu"] if post.hwa else None)
         mlrun.log_metrics({"snapshots": state["n_collected"] if state else 0})
-        mlrun.log_artifact(out, "posterior")
+        mlrun.log_artifact_once(out, "posterior", digest(out))
     if ckpt:
         ckpt.remove()
 

@@ -63,10 +63,13 @@ def _log(tmp_path: Path, posterior: Path, images: np.ndarray, stored: bool) -> t
     uri, artifacts = _store(tmp_path)
     digest = sha256_file(posterior)
     if stored:
-        trainer = open_run("finetune@swag", tracking_uri=uri, artifact_location=artifacts)
-        trainer.log_artifact(posterior.with_name("posterior.pt"), "posterior")
-        trainer.mark_outputs({str(posterior): digest})
-        trainer.terminate()
+        for _ in range(2):  # a forced rerun with the same bytes stores nothing more
+            trainer = open_run("finetune@swag", tracking_uri=uri, artifact_location=artifacts)
+            stored = trainer.log_artifact_once(posterior, "posterior", digest)
+            trainer.terminate()
+        first = stored.split("/")[1]
+        assert stored == f"runs:/{first}/posterior/posterior.pt"
+        assert len(list(tmp_path.rglob("posterior.pt"))) == 1 + 1, "the model dir's source + one"
     run = open_run("evaluate@swag", tracking_uri=uri, artifact_location=artifacts)
     post = load_posterior(posterior)
     model_id = run.log_model(

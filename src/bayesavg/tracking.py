@@ -24,6 +24,8 @@ OUTPUT_TAG = "bayesavg.output."
 EXECUTION_TAG = "bayesavg.execution"
 PIPELINE_TAG = "bayesavg.stages"
 PARENT_TAG = "mlflow.parentRunId"
+# On the run that stores a file's bytes: STORED_TAG + sha256 -> the artifact's path.
+STORED_TAG = "bayesavg.stored."
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -134,6 +136,22 @@ class Run:
 
         self._client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    def log_artifact_once(self, path: str | Path, artifact_path: str, digest: str) -> str:
+        """Store ``path`` under ``artifact_path`` unless a run of this experiment already
+        stores the same bytes (sha256 ``digest``); either way tag this run with where they
+        are (``stored_at``, a ``runs:/`` URI, returned). A forced rerun that rewrites
+        identical posteriors then adds nothing to the artifact store."""
+        client = self._client
+        exp_id = client.get_run(self.run_id).info.experiment_id
+        uri = _stored(client, exp_id, digest)
+        if uri is None:
+            self.log_artifact(path, artifact_path)
+            relative = f"{artifact_path}/{Path(path).name}"
+            self.set_tags({f"{STORED_TAG}{digest}": relative})
+            uri = f"runs:/{self.run_id}/{relative}"
+        self.set_tags({"stored_at": uri})
+        return uri
+
     def log_datasets(self, datasets: Sequence[Mapping[str, str]]) -> None:
         """Dataset inputs the UI's Datasets column shows: each a mapping with ``name``,
         ``digest`` (of the data's bytes; MLflow keeps 36 characters), ``source`` (where the
@@ -184,9 +202,9 @@ class Run:
         """Log the predictor as an MLflow pyfunc model (``bayesavg.mlflow_model``) linked to
         this run; returns its model id.
 
-        The posterior is not stored again when a run of this experiment already logged
-        these bytes (``digest``) as ``posterior/posterior.pt`` (the finetune stage's
-        artifact): the model then points at it (``posterior_uri``). The signature is
+        The posterior is not stored again when a run of this experiment already stores
+        these bytes (``digest``; the finetune stage's ``log_artifact_once``): the model
+        then points at them (``posterior_uri``). The signature is
         given, so MLflow neither infers requirements nor runs the model to log it.
         ``code``: the model's code file (``bayesavg.predict.MODEL_CODE``), stored as is.
         """
@@ -200,11 +218,11 @@ class Run:
 
         client = self._client
         exp_id = client.get_run(self.run_id).info.experiment_id
-        stored = _upstream(client, exp_id, {posterior: digest})
+        stored = _stored(client, exp_id, digest)
         config = dict(config)
         artifacts = {} if bn_images is None else {"bn_images": bn_images}
-        if stored:
-            config["posterior_uri"] = f"runs:/{next(iter(stored.values()))}/posterior/posterior.pt"
+        if stored is not None:
+            config["posterior_uri"] = stored
         else:
             artifacts["posterior"] = posterior
         f64, i64 = np.dtype("float64"), np.dtype("int64")
@@ -277,6 +295,15 @@ class Run:
         self._client.set_tag(parent, PIPELINE_TAG, summary)
         self._client.set_tag(parent, "mlflow.note.content", " ".join(note))
         self._client.set_terminated(parent, status=status)
+
+
+def _stored(client: Any, experiment_id: str, digest: str) -> str | None:
+    """A ``runs:/`` URI of an artifact with sha256 ``digest`` some run stores, or None."""
+    key = f"{STORED_TAG}{digest}"
+    found = client.search_runs([experiment_id], filter_string=f"tags.`{key}` != ''", max_results=1)
+    if not found:
+        return None
+    return f"runs:/{found[0].info.run_id}/{found[0].data.tags[key]}"
 
 
 def _requirements() -> list[str]:

@@ -157,6 +157,14 @@ class RemoteRun:
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self._tracker.send("set_tags", tags=dict(tags))
 
+    def log_artifact_once(self, path: str | Path, artifact_path: str, digest: str) -> None:
+        self._tracker.send(
+            "log_artifact_once",
+            path=str(Path(path).resolve()),
+            artifact_path=artifact_path,
+            digest=digest,
+        )
+
     def log_datasets(self, datasets: list[Mapping[str, str]]) -> None:
         self._tracker.send("log_datasets", datasets=[dict(d) for d in datasets])
 

@@ -1,0 +1,148 @@
+"""Look at the MLflow UI as a user does: start ``mlflow ui`` on 127.0.0.1 over this
+repository's store, open the experiment's runs and one evaluate run in headless
+Chromium, and save screenshots.
+
+    python scripts/check_ui.py [OUT_DIR]      # default: reports/ui
+
+Prints where each screenshot went, and, from the store itself, what those pages show:
+runs grouped under pipeline executions, Source, User, Datasets and Logged models.
+Exit 2 without a store or a browser.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_report import INSTALL_HINT, find_browser
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, server: subprocess.Popen[bytes], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        if server.poll() is not None:
+            raise SystemExit(f"mlflow ui exited with code {server.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"mlflow ui did not answer in {seconds:.0f} s") from None
+            time.sleep(0.5)
+
+
+def _shot(browser: str, url: str, out: Path, height: int = 1100) -> None:
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size=1600,{height}",
+            "--virtual-time-budget=20000",
+            f"--screenshot={out}",
+            url,
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+
+
+def _summary(uri: str, experiment: str) -> tuple[str, str, list[str]]:
+    """The experiment id, an evaluate run to open, and what the pages should show."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise SystemExit(f"no experiment {experiment!r} in {uri}: run `make run` first")
+    runs = client.search_runs([exp.experiment_id], max_results=5000)
+    parents = [r for r in runs if "bayesavg.execution" in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    evaluate = [r for r in children if r.info.run_name.startswith("evaluate@")]
+    if not evaluate:
+        raise SystemExit("no evaluate run with a parent: run `make run` with this version")
+    run = evaluate[0]
+    lines = [
+        f"experiment kind: {exp.tags.get('mlflow.experimentKind')}",
+        f"{len(parents)} pipeline execution(s) (parent runs) holding {len(children)} stage runs",
+        f"{run.info.run_name}: Source {run.data.tags.get('mlflow.source.name')}, "
+        f"User {run.data.tags.get('mlflow.user')}, datasets "
+        + ", ".join(d.dataset.name for d in run.inputs.dataset_inputs)
+        + f"; logged models {[o.model_id for o in run.outputs.model_outputs]}",
+    ]
+    return exp.experiment_id, run.info.run_id, lines
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else ROOT / "reports" / "ui"
+    browser = find_browser()
+    if browser is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    store = ROOT / "mlflow.db"
+    if not store.is_file():
+        print(f"no MLflow store at {store}: run `make run` first", file=sys.stderr)
+        return 2
+    uri = f"sqlite:///{store}"
+    exp_id, run_id, lines = _summary(uri, "bayesavg")
+    out.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PATH": f"{BIN}:{os.environ['PATH']}"}
+    server = subprocess.Popen(
+        [
+            str(BIN / "mlflow"),
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--default-artifact-root",
+            str(ROOT / "mlartifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait(f"{base}/health", server)
+        pages = {
+            "runs.png": f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning",
+            "run.png": f"{base}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning",
+            "models.png": f"{base}/#/experiments/{exp_id}/models?workflowType=machine_learning",
+        }
+        for name, url in pages.items():
+            _shot(browser, url, out / name)
+            print(f"{out / name}: {url}")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    for line in lines:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

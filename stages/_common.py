@@ -226,10 +226,13 @@ def tracked(
     )
 
 
-def _is_dvc(cmdline: list[str]) -> bool:
-    """``dvc ...``, ``python .../bin/dvc ...`` or ``python -m dvc ...``."""
-    names = [Path(part).name for part in cmdline[:2]]
-    return "dvc" in names or cmdline[1:3] == ["-m", "dvc"]
+def _dvc_args(cmdline: list[str]) -> list[str] | None:
+    """The arguments of ``dvc ...``, ``python .../bin/dvc ...`` or ``python -m dvc ...``;
+    None for any other command."""
+    for i, part in enumerate(cmdline[:2]):
+        if Path(part).name == "dvc":
+            return cmdline[i + 1 :]
+    return cmdline[3:] if cmdline[1:3] == ["-m", "dvc"] else None
 
 
 def execution() -> dict[str, str] | None:
@@ -244,7 +247,8 @@ def execution() -> dict[str, str] | None:
 
     for proc in psutil.Process().parents():
         try:
-            if not _is_dvc(proc.cmdline()):
+            args = _dvc_args(proc.cmdline())
+            if args is None:
                 continue
             started = proc.create_time()
         except psutil.Error:
@@ -255,6 +259,8 @@ def execution() -> dict[str, str] | None:
             "key": f"{socket.gethostname()}:{proc.pid}:{int(started * 1000)}:{exp}",
             "name": exp or f"dvc repro {when}",
             "dvc_exp_name": exp,
+            # The UI's Source column: what ran the pipeline (dvc repro, dvc exp exec-run).
+            "mlflow.source.name": " ".join(["dvc", *args[:2]]),
         }
     return None
 

@@ -327,6 +327,7 @@ def test_mlflow_runs(repo: Path) -> None:
     assert set(summary["ran"]) == STAGES and summary["reused"] == {}
     assert summary["ran"]["evaluate@swag"] == by_name["evaluate@swag"].info.run_id
     assert parent.data.tags["mlflow.source.type"] == "LOCAL"
+    assert parent.data.tags["mlflow.source.name"] == "dvc repro"
     for stage, run in by_name.items():
         assert run.info.status == "FINISHED"
         assert run.data.tags["dvc_stage"] == stage

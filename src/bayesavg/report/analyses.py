@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from . import analyses_figures as fig
 from . import analyses_numbers as num
 from .claims import Claim
+from .distributed import FLAT_TOLERANCE
 from .findings import Cell, Table
 from .inputs import ReportInputs
 from .style import baseline
@@ -213,7 +214,7 @@ def _sigma_claims(inputs: ReportInputs) -> list[Claim]:
             continue
         text = (
             f"{traj}: mean accuracy {100 * c.mean[0]:.2f}% at m = 0 stays within "
-            f"{100 * num.FLAT_TOLERANCE:g} pp up to m = {reach:g}; {100 * c.mean[-1]:.2f}% at "
+            f"{100 * FLAT_TOLERANCE:g} pp up to m = {reach:g}; {100 * c.mean[-1]:.2f}% at "
             f"m = {c.multiples[-1]:g} (||sigma|| {c.sigma_norm:.3g})."
         )
         out.append(Claim(DSWAG, f"{statement} ({traj})", num.flat_verdict(c, reach), text))
@@ -438,7 +439,7 @@ def _sigma_table(inputs: ReportInputs) -> Table | None:
         "Posterior",
         "||sigma||",
         "Accuracy (%) at m = 0",
-        f"Within {100 * num.FLAT_TOLERANCE:g} pp up to m",
+        f"Within {100 * FLAT_TOLERANCE:g} pp up to m",
         "Accuracy (%) at the largest m: mean (min to max)",
     ]
     return Table(header, rows)

@@ -16,7 +16,7 @@ import torch
 
 from ..intervals import Interval, paired_bootstrap, resample_counts
 from ..methods import REGISTRY
-from .distributed import FLAT_TOLERANCE, SigmaCurve
+from .distributed import SigmaCurve, flat_range, sigma_curve_of
 from .inputs import LineData, PredictorResult, RayData, ReportInputs
 
 ROTATE = "rotate_"
@@ -376,35 +376,9 @@ def compare_widths(narrow: RayData, wide: RayData) -> WidthComparison | None:
     )
 
 
-def sigma_curve(rows: list[dict[str, float]]) -> SigmaCurve | None:
-    """Mean and min-max accuracy per multiple m over the draws; None without rows."""
-    by_m: dict[float, list[float]] = {}
-    for r in rows:
-        by_m.setdefault(float(r["multiple"]), []).append(float(r["accuracy"]))
-    if not by_m:
-        return None
-    ms = sorted(by_m)
-    norms = [float(r["sigma_norm"]) for r in rows if "sigma_norm" in r]
-    return SigmaCurve(
-        ms,
-        [float(np.mean(by_m[m])) for m in ms],
-        [min(by_m[m]) for m in ms],
-        [max(by_m[m]) for m in ms],
-        max(norms, default=0.0),
-    )
-
-
-def flat_up_to(curve: SigmaCurve, tolerance: float = FLAT_TOLERANCE) -> float | None:
-    """The largest m up to which every mean accuracy stays within ``tolerance`` of m = 0's;
-    None without an m = 0 row."""
-    if not curve.multiples or curve.multiples[0] != 0:
-        return None
-    reach = 0.0
-    for m, acc in zip(curve.multiples, curve.mean, strict=True):
-        if acc < curve.mean[0] - tolerance:
-            break
-        reach = m
-    return reach
+# One builder and one reach for every sigma-distance curve (the sweep's and these).
+sigma_curve = sigma_curve_of
+flat_up_to = flat_range
 
 
 def flat_verdict(

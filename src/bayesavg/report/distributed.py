@@ -258,15 +258,16 @@ class SigmaCurve(NamedTuple):
     sigma_norm: float
 
 
-def sigma_curve(point: SweepPoint) -> SigmaCurve | None:
-    """The mean and min-max accuracy per multiple; None without rows."""
+def sigma_curve_of(rows: list[dict[str, float]]) -> SigmaCurve | None:
+    """Mean and min-max accuracy per multiple m over the draws of sigma-distance rows
+    (the sweep's and the landscape stages' share the format); None without rows."""
     by_m: dict[float, list[float]] = {}
-    for r in point.sigma_distance:
+    for r in rows:
         by_m.setdefault(float(r["multiple"]), []).append(float(r["accuracy"]))
     if not by_m:
         return None
     ms = sorted(by_m)
-    norms = [float(r["sigma_norm"]) for r in point.sigma_distance if "sigma_norm" in r]
+    norms = [float(r["sigma_norm"]) for r in rows if "sigma_norm" in r]
     return SigmaCurve(
         ms,
         [sum(by_m[m]) / len(by_m[m]) for m in ms],
@@ -276,16 +277,21 @@ def sigma_curve(point: SweepPoint) -> SigmaCurve | None:
     )
 
 
-def flat_range(curve: SigmaCurve) -> float | None:
-    """The largest m up to which every mean accuracy stays within FLAT_TOLERANCE of m=0's.
+def sigma_curve(point: SweepPoint) -> SigmaCurve | None:
+    """The sweep point's curve (``sigma_curve_of`` its rows)."""
+    return sigma_curve_of(point.sigma_distance)
 
-    None when there is no m=0 row to compare with.
+
+def flat_range(curve: SigmaCurve, tolerance: float = FLAT_TOLERANCE) -> float | None:
+    """The largest m up to which every mean accuracy stays within ``tolerance`` of m = 0's.
+
+    None when there is no m = 0 row to compare with.
     """
     if not curve.multiples or curve.multiples[0] != 0:
         return None
     reach = 0.0
     for m, acc in zip(curve.multiples, curve.mean, strict=True):
-        if acc < curve.mean[0] - FLAT_TOLERANCE:
+        if acc < curve.mean[0] - tolerance:
             break
         reach = m
     return reach

@@ -14,6 +14,7 @@ predictor is right carry information.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,8 +71,13 @@ class Interval:
         return "better" if better else "worse"
 
 
+@functools.lru_cache(maxsize=8)
 def resample_counts(n: int, resamples: int, seed: int) -> torch.Tensor:
-    """(resamples, n) float64 counts: row r says how often each point is in resample r."""
+    """(resamples, n) float64 counts: row r says how often each point is in resample r.
+
+    Cached: a report draws the same resamples for every predictor and comparison of a
+    split (the same seed), so they are drawn once; callers only read them.
+    """
     generator = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, n, (resamples, n), generator=generator)
     counts = torch.zeros(resamples, n, dtype=torch.float64)
@@ -113,14 +119,19 @@ def paired_bootstrap(
             f"log-probabilities {tuple(a.shape)}, {tuple(b.shape)} for {len(y)} labels"
         )
     counts = resample_counts(y.shape[0], resamples, seed)
-    if metric == "ece":
-        diffs = _weighted_ece(b, y, counts, ece_bins) - _weighted_ece(a, y, counts, ece_bins)
-    else:
-        per_point = PER_POINT[metric]
-        diffs = counts @ (per_point(b, y) - per_point(a, y)) / y.shape[0]
+    diffs = _resampled(metric, b, y, counts, ece_bins) - _resampled(metric, a, y, counts, ece_bins)
     diff = _full(metric, b, y, ece_bins) - _full(metric, a, y, ece_bins)
     low, high = _percentiles(diffs, level)
     return Interval(metric, diff, low, high, level, resamples)
+
+
+def _resampled(
+    metric: str, log_probs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor, ece_bins: int
+) -> torch.Tensor:
+    """The metric on every resample (a row of ``counts``) at once."""
+    if metric == "ece":
+        return _weighted_ece(log_probs, y, counts, ece_bins)
+    return counts @ PER_POINT[metric](log_probs, y) / y.shape[0]
 
 
 def _full(metric: str, log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int) -> float:
@@ -166,11 +177,7 @@ def bootstrap(
     if lp.shape[0] != y.shape[0]:
         raise ValueError(f"log-probabilities {tuple(lp.shape)} for {len(y)} labels")
     counts = resample_counts(y.shape[0], resamples, seed)
-    if metric == "ece":
-        values = _weighted_ece(lp, y, counts, ece_bins)
-    else:
-        values = counts @ PER_POINT[metric](lp, y) / y.shape[0]
-    low, high = _percentiles(values, level)
+    low, high = _percentiles(_resampled(metric, lp, y, counts, ece_bins), level)
     return Estimate(metric, _full(metric, lp, y, ece_bins), low, high, level, resamples)
 
 

@@ -143,6 +143,14 @@ def stage_checkpoint(
     key = {
         "stage": stage,
         "params": {"seed": p.seed, "device": p.device, **stage_params},
+        # what changes the bytes besides the stage's own section; a checkpoint of N
+        # processes holds N ranks' random streams, so it resumes under N only
+        "compute": {
+            "precision": p.precision,
+            "channels_last": p.channels_last,
+            "augment": p.data.augment.model_dump(),
+            "processes": launch.nproc(),
+        },
         "inputs": {str(path): digest(path) for path in inputs},
         "code": _code_digests(),
     }

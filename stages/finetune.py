@@ -4,7 +4,9 @@ Resumable: a checkpoint under checkpoints/ (every `checkpoint.every` epochs)
 lets a killed run continue where it stopped, logging into the same MLflow
 run; it is deleted once the outputs are written. A distributed SWAG
 trajectory (`kind: dswag`) runs on `BAYESAVG_NPROC` processes through
-torchrun (default 1: this process); its rank 0 tracks and writes.
+torchrun (default 1: this process); its rank 0 tracks and writes. Every other
+kind runs data-parallel on those processes (each rank a share of every batch;
+ensemble members spread across ranks), resumable under the same count.
 """
 
 import sys
@@ -30,11 +32,11 @@ def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.config import DSWAGTrajectory
     from bayesavg.data import load_prepared
-    from bayesavg.distributed import local_device
+    from bayesavg.distributed import current_world, leave, local_device
     from bayesavg.dswag import finetune_dswag
     from bayesavg.posterior_file import load_posterior, save_posterior
     from bayesavg.seeding import resolve_device
-    from bayesavg.trajectories import finetune
+    from bayesavg.trajectories import compute_for, finetune
 
     p = params()
     if len(sys.argv) != 2 or sys.argv[1] not in p.finetune:
@@ -47,9 +49,18 @@ def run() -> None:
     start_file = Path("models") / p.finetune[name].start / "posterior.pt"
     device = local_device(resolve_device(p.device))
     distributed = isinstance(p.finetune[name], DSWAGTrajectory)
-    if distributed and delegated(
-        lambda: finetune_dswag(p, name, load_prepared(PREPARED), load_posterior(start_file), device)
-    ):
+
+    def work(prepared, start, ckpt=None):
+        if distributed:
+            return finetune_dswag(p, name, prepared, start, device)
+        world = current_world(device)
+        try:
+            return finetune(p, name, prepared, start, device, ckpt, compute_for(p, device, world))
+        finally:
+            if world is not None:
+                leave(world)
+
+    if delegated(lambda: work(load_prepared(PREPARED), load_posterior(start_file))):
         return
     inputs = [MANIFEST, start_file]
     ckpt = None if distributed else stage_checkpoint(stage, p, {"finetune": traj}, inputs)
@@ -60,10 +71,7 @@ def run() -> None:
             ckpt.meta["run_id"] = mlrun.run_id
         start = load_posterior(start_file)
         prepared = load_prepared(PREPARED)
-        if distributed:
-            result = finetune_dswag(p, name, prepared, start, device)
-        else:
-            result = finetune(p, name, prepared, start, device, ckpt)
+        result = work(prepared, start, ckpt)
         assert result is not None
         save_posterior(out, result.posterior)
         write_csv(history, result.history)

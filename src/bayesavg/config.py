@@ -27,8 +27,8 @@ from .errors import UserError
 from .methods import METHODS, PROVIDES, REGISTRY
 
 DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
-MODEL_NAMES = ("mlp", "lenet5", "vgg16_bn", "preresnet20")
-DEFAULT_DROPOUT = {"vgg16_bn": 0.5}  # the models' own default rate; 0 elsewhere
+MODEL_NAMES = ("mlp", "lenet5", "vgg16", "vgg16_bn", "preresnet20", "preresnet", "wideresnet28x10")
+DEFAULT_DROPOUT = {"vgg16": 0.5, "vgg16_bn": 0.5}  # the models' own default rate; 0 elsewhere
 _NAME = r"^[a-z][a-z0-9_]*$"
 
 PosInt = Annotated[int, Field(ge=1)]
@@ -42,11 +42,21 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+class AugmentParams(_Section):
+    """Per-epoch augmentation of the training split on the device (``bayesavg.augment``):
+    torchvision ``RandomCrop(H, padding=crop_padding)`` with zero padding, then a random
+    horizontal flip. Off for the MNIST default (digits are not mirror-symmetric)."""
+
+    crop_padding: NonNegInt = 0
+    flip: bool = False
+
+
 class DataParams(_Section):
     dataset: str = "mnist5k"
     test_fraction: Fraction = 0.2
     val_fraction: Fraction = 0.1
     raw_dir: str = "data/raw"
+    augment: AugmentParams = AugmentParams()
 
     @model_validator(mode="after")
     def _check(self) -> DataParams:
@@ -64,16 +74,28 @@ DropoutRate = Annotated[float, Field(ge=0, lt=1)]
 
 
 class ModelParams(_Section):
-    name: Literal["mlp", "lenet5", "vgg16_bn", "preresnet20"] = "lenet5"
+    name: Literal[
+        "mlp", "lenet5", "vgg16", "vgg16_bn", "preresnet20", "preresnet", "wideresnet28x10"
+    ] = "lenet5"
     hidden: list[PosInt] = Field(default_factory=lambda: [512, 256])
-    dropout: DropoutRate | None = None  # None: the model's own (0.5 for vgg16_bn, else 0)
+    dropout: DropoutRate | None = None  # None: the model's own (0.5 for vgg16[_bn], else 0)
     batch_norm: bool = False  # mlp only: BatchNorm after each hidden layer
+    depth: PosInt | None = None  # preresnet only (default 20): 6n+2 below 44, else 9n+2
 
     @model_validator(mode="after")
     def _check(self) -> ModelParams:
         if self.batch_norm and self.name != "mlp":
             raise ValueError(
                 f"batch_norm: only mlp takes it ({self.name} has its own normalisation or none)"
+            )
+        if self.depth is not None and self.name != "preresnet":
+            raise ValueError(f"depth: only preresnet takes it ({self.name} has a fixed depth)")
+        if self.depth is not None and (
+            self.depth < 8 or (self.depth - 2) % (9 if self.depth >= 44 else 6)
+        ):  # the rule of bayesavg.models.preresnet_blocks, checked here without torch
+            raise ValueError(
+                f"depth: preresnet depth must be 6n+2 below 44 (basic blocks) or 9n+2 "
+                f"from 44 on (bottlenecks), e.g. 20, 56, 110, 164; got {self.depth}"
             )
         return self
 
@@ -82,6 +104,8 @@ class ModelParams(_Section):
         out: dict[str, Any] = {"hidden": list(self.hidden)} if self.name == "mlp" else {}
         if self.batch_norm:
             out["batch_norm"] = True
+        if self.depth is not None:
+            out["depth"] = self.depth
         if self.dropout is not None:
             out["dropout"] = self.dropout
         return out
@@ -98,13 +122,17 @@ class Schedule(_Section):
     cosine: lr -> lr_end over the whole run (the decaying SGD baseline);
     constant: lr throughout (SWA);
     cyclic: within each cycle of ``cycle_length`` iterations, linear from lr to lr_end
-    (SWA paper); snapshots are then taken at cycle ends, where the rate is lr_end.
+    (SWA paper); snapshots are then taken at cycle ends, where the rate is lr_end;
+    swag: the SWAG paper's CIFAR schedule (reference ``run_swag.py``), per epoch e
+    (0-based) with t = e / ``decay_epochs`` (default: the run's epochs): lr while
+    t <= 0.5, linear to lr_end at t = 0.9, then lr_end.
     """
 
-    kind: Literal["cosine", "constant", "cyclic"] = "constant"
+    kind: Literal["cosine", "constant", "cyclic", "swag"] = "constant"
     lr: PosFloat = 0.01
     lr_end: NonNegFloat = 0.0
     cycle_length: PosInt = 100
+    decay_epochs: PosInt | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Schedule:
@@ -112,6 +140,8 @@ class Schedule(_Section):
             raise ValueError(
                 "lr_end: a cyclic schedule needs lr_end > 0 (the rate never decays to 0)"
             )
+        if self.decay_epochs is not None and self.kind != "swag":
+            raise ValueError("decay_epochs: only the swag schedule takes it")
         if self.kind != "constant" and self.lr_end > self.lr:
             raise ValueError(f"lr_end: must not exceed lr ({self.lr}) for a {self.kind} schedule")
         return self
@@ -569,6 +599,8 @@ class ReportParams(_Section):
 class Params(_Section):
     seed: NonNegInt = 0
     device: str = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    channels_last: Literal["auto"] | bool = "auto"
     data: DataParams = DataParams()
     model: ModelParams = ModelParams()
     pretrain: PretrainParams = PretrainParams()
@@ -582,6 +614,8 @@ class Params(_Section):
     def _check(self) -> Params:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ValueError("precision: fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
         for name, traj in self.finetune.items():
             if not re.fullmatch(_NAME, name):
                 raise ValueError(f"finetune.{name}: trajectory names are lower-case identifiers")

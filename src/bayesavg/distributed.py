@@ -27,7 +27,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .launch import threads
+from .launch import is_rank, threads
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ def join(device: torch.device) -> World:
             timeout=timedelta(minutes=30),
         )
     return World(rank, size, device)
+
+
+def current_world(device: torch.device) -> World | None:
+    """This rank's place when launched by torchrun, else None (one process, whose thread
+    count is left as it is)."""
+    return join(device) if is_rank() else None
 
 
 def leave(world: World) -> None:

@@ -40,13 +40,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
 from .batchnorm import bn_modules
 from .config import DSWAGTrajectory, Params
 from .data import Prepared
 from .distributed import World, broadcast, in_client_order, join, leave
 from .federated import dirichlet_split, fedavg_weights, iid_split, phase2_rate, sample_clients
+from .flat import params_vector
 from .optim import SGD
 from .posterior_file import PosteriorFile
 from .posteriors import SWAG
@@ -262,7 +262,7 @@ def explore(
 
         def after_step(i: int) -> None:
             if (i + 1) % steps == 0 and (i + 1) // steps > p2.epochs - p2.snapshots_per_client:
-                snaps.append(parameters_to_vector(net.parameters()).detach().double())
+                snaps.append(params_vector(net.parameters()).detach().double())
 
         seed_ = client_seed(seed, 2, PHASE2_ROUND, client)
         _train_client(client, net, data[client], traj, p2.epochs, rate, seed_, after_step)

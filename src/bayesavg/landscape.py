@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
 from .batchnorm import bn_modules, update_bn
+from .flat import params_vector
 from .posterior_file import load_theta
 from .train import Tensors, loss_and_accuracy
 
@@ -219,4 +219,4 @@ def principal_directions(
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:
     """The model's parameters as one vector (the layout every function here uses)."""
-    return parameters_to_vector(model.parameters()).detach()
+    return params_vector(model.parameters()).detach()

@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
 from .data import to_input
 from .errors import UserError
+from .flat import params_vector
 from .io import save_torch
 from .models import build_model
 from .posterior_checks import (
@@ -186,7 +186,7 @@ class PosteriorFile:
 
     @classmethod
     def from_model(cls, model: nn.Module, **fields: Any) -> PosteriorFile:
-        theta = parameters_to_vector(model.parameters()).detach().cpu()
+        theta = params_vector(model.parameters()).detach().cpu()
         buffers = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
         return cls(theta=theta, buffers=buffers, **fields)
 

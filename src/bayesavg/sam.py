@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .batchnorm import bn_modules
+from .train import PLAIN, Step, StepContext
 
 LossFn = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
@@ -52,18 +53,25 @@ def replayed_rng(device: torch.device) -> Iterator[Callable[[], None]]:
 
 
 def sam_gradient(
-    params: list[torch.Tensor], loss_fn: LossFn, rho: float, model: nn.Module
+    params: list[torch.Tensor],
+    loss_fn: LossFn,
+    rho: float,
+    model: nn.Module,
+    ctx: StepContext = PLAIN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fill ``.grad`` of ``params`` with the SAM gradient; return (loss, logits) at theta.
 
     ``loss_fn`` computes (loss, logits) with the current parameter values;
     it is called twice, the second time with the same RNG stream and with
-    BatchNorm statistics left untouched.
+    BatchNorm statistics left untouched. Under data parallelism the ascent
+    uses the gradient averaged over ranks (``ctx.grad``), so every rank
+    perturbs to the same point, as one process with the whole batch would.
     """
     device = params[0].device
     with replayed_rng(device) as rewind:
-        loss, logits = loss_fn()
-        grads = torch.autograd.grad(loss, params)
+        with ctx.autocast():
+            loss, logits = loss_fn()
+        grads = ctx.grad(loss, params)
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         scale = rho / (norm + 1e-12)
         eps = [g * scale for g in grads]
@@ -72,23 +80,24 @@ def sam_gradient(
                 p.add_(e)
         rewind()
         with frozen_bn_stats(model):
-            perturbed_loss, _ = loss_fn()
-            perturbed_loss.backward()
+            with ctx.autocast():
+                perturbed_loss, _ = loss_fn()
+            ctx.backward(perturbed_loss)
         with torch.no_grad():
             for p, e in zip(params, eps, strict=True):
                 p.sub_(e)
     return loss.detach(), logits.detach()
 
 
-def sam_step(rho: float) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], tuple]:
+def sam_step(rho: float) -> Step:
     """A training-loop step (see ``train.Step``) using the SAM gradient of cross-entropy."""
 
-    def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN) -> tuple:
         def loss_fn() -> tuple[torch.Tensor, torch.Tensor]:
             logits = model(x)
-            return nn.functional.cross_entropy(logits, y), logits
+            return nn.functional.cross_entropy(logits.float(), y), logits
 
         params = [p for p in model.parameters() if p.requires_grad]
-        return sam_gradient(params, loss_fn, rho, model)
+        return sam_gradient(params, loss_fn, rho, model, ctx)
 
     return step

@@ -28,6 +28,7 @@ class SGLD(Optimizer):
         n_train: int,
         lr: float = 0.0,
         weight_decay: float = 0.0,
+        generator: torch.Generator | None = None,
     ) -> None:
         if n_train < 1:
             raise ValueError(f"n_train must be >= 1, got {n_train}")
@@ -35,6 +36,9 @@ class SGLD(Optimizer):
             raise ValueError("lr and weight_decay must be >= 0")
         super().__init__(params, lr=lr, weight_decay=weight_decay)
         self.n_train = n_train
+        # The noise's stream: torch's global one by default; under data parallelism one
+        # generator seeded alike on every rank, so all ranks take the same step.
+        self.generator = generator
 
     def noise_std(self, lr: float) -> float:
         """The per-coordinate noise of one step: sqrt(2 lr / N)."""
@@ -48,4 +52,5 @@ class SGLD(Optimizer):
         for p in self._with_grads():
             drift = p.grad.add(p, alpha=wd) if wd else p.grad
             p.add_(drift, alpha=-lr)
-            p.add_(torch.randn_like(p), alpha=std)
+            noise = torch.randn(p.shape, generator=self.generator, dtype=p.dtype, device=p.device)
+            p.add_(noise, alpha=std)

@@ -1,19 +1,27 @@
-"""One deterministic training loop over in-memory tensors; steps plug in.
+"""The one training loop over tensors on the device; steps and kinds plug in.
 
 A *step* computes the gradients of whatever the optimizer holds and returns
 the detached loss and logits: plain SGD here; SAM and SVI steps reuse the
-same loop. Metrics are accumulated on the device and read once per epoch,
-so there is no host sync per iteration. Learning rates are plain functions
-of the iteration: the cyclic SWA schedule (linear within each cycle) is not
-in ``torch.optim.swa_utils``, whose SWALR is epoch-based.
+same loop. Everything that makes a run fast at scale lives here, once, for
+every trajectory kind (``Compute``): the training split stays on the device
+as uint8 and is augmented per batch (``augment``), forward and loss run
+under autocast (``precision``), conv nets train channels-last, and under
+torchrun each rank takes a deterministic share of every global batch and
+gradients are averaged across ranks before the optimizer steps (``StepContext``).
+Metrics are accumulated on the device and read once per epoch, so there is
+no host sync per iteration. Learning rates are plain functions of the
+iteration: the cyclic SWA schedule (linear within each cycle) and the SWAG
+paper's CIFAR schedule are not in ``torch.optim.swa_utils``, whose SWALR is
+epoch-based and anneals differently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,9 +29,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .augment import Augment, EpochDraws, apply, draw_epoch
 from .batchnorm import bn_modules
+from .distributed import World
 from .errors import UserError
 from .optim import SGD, Optimizer
+from .precision import Precision
+from .seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +49,77 @@ class Tensors:
 
     def __len__(self) -> int:
         return self.x.shape[0]
+
+    def batch(
+        self, idx: torch.Tensor, draws: EpochDraws | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[idx], self.y[idx]
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """The training split on the device as uint8, normalised (and augmented) per batch.
+
+    Normalising a batch applies the same elementwise operations as
+    ``data.to_input`` does to the whole split, so without augmentation a
+    batch is bitwise the pre-normalised one, at a quarter of the memory.
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mean: Sequence[float]
+    std: Sequence[float]
+    augment: Augment = field(default_factory=Augment)
+    channels_last: bool = False
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.to(dtype=torch.float32).div_(255)
+        m = torch.tensor(self.mean, dtype=torch.float32, device=xf.device).view(1, -1, 1, 1)
+        s = torch.tensor(self.std, dtype=torch.float32, device=xf.device).view(1, -1, 1, 1)
+        xf = xf.sub_(m).div_(s)
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        return xf.contiguous(memory_format=layout)
+
+    def batch(
+        self, idx: torch.Tensor, draws: EpochDraws | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[idx]
+        if draws is not None:
+            x = apply(x, draws.take(idx), self.augment)
+        return self._normalise(x), self.y[idx]
+
+    def inputs(self, batch_size: int = 4096) -> torch.Tensor:
+        """The whole split normalised, not augmented (BatchNorm recomputation, monitoring)."""
+        return torch.cat(
+            [self._normalise(self.x[i : i + batch_size]) for i in range(0, len(self), batch_size)]
+        )
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How a run computes, the same for every trajectory kind."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: Precision = field(default_factory=Precision)
+    channels_last: bool = False
+    world: World | None = None
+    augment: Augment = field(default_factory=Augment)
+
+    @property
+    def size(self) -> int:
+        return 1 if self.world is None else self.world.size
+
+    @property
+    def is_main(self) -> bool:
+        return self.world is None or self.world.is_main
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """``model`` on the device, channels-last if asked (4-D weights only change)."""
+        model = model.to(self.device)
+        return model.to(memory_format=torch.channels_last) if self.channels_last else model
 
 
 @dataclass
@@ -64,31 +147,123 @@ class Progress:
         return cls(int(state["epoch"]), int(state["iteration"]), list(state["history"]))
 
 
+class StepContext:
+    """What a step needs from the loop: autocast, (scaled) backward, gradients averaged
+    over ranks, and random draws that every rank shares.
+
+    One process in fp32 (``StepContext()``) is exactly plain autograd and
+    torch's global stream, so steps called outside the loop behave as before.
+    Under data parallelism each rank's loss is the mean over its share of the
+    global batch; ``weight`` is that share's fraction of the batch, so the
+    weighted sum of the ranks' gradients is the gradient of the batch mean.
+    """
+
+    def __init__(
+        self,
+        precision: Precision | None = None,
+        world: World | None = None,
+        shared: torch.Generator | None = None,
+    ) -> None:
+        self.precision = precision or Precision()
+        self.scaler = self.precision.scaler()
+        self.world = world if world is not None and world.size > 1 else None
+        self.shared = shared
+        self.weight = 1.0
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def grad(self, loss: torch.Tensor, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """d loss / d inputs, unscaled and averaged over ranks (SAM's ascent direction)."""
+        scaled = self.scaler.scale(loss) if self.scaler is not None else loss
+        grads = list(torch.autograd.grad(scaled, inputs))
+        if self.scaler is not None:
+            inv = 1.0 / self.scaler.get_scale()
+            grads = [g * inv for g in grads]
+        if self.world is not None:
+            grads = self._all_reduce(grads)
+        return grads
+
+    def reduce_grads(self, params: list[torch.Tensor]) -> None:
+        """Average ``.grad`` over ranks (a no-op on one process)."""
+        if self.world is None:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for p, g in zip(params, self._all_reduce(grads), strict=True):
+            p.grad = g
+
+    def _all_reduce(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        import torch.distributed as dist
+
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(self.weight)
+        dist.all_reduce(flat)
+        out, offset = [], 0
+        for g in grads:
+            out.append(flat[offset : offset + g.numel()].view(g.shape).to(memory_format=_layout(g)))
+            offset += g.numel()
+        return out
+
+    def randn(self, like: torch.Tensor) -> torch.Tensor:
+        """Standard normal noise shaped like ``like``, the same on every rank (VI's epsilon,
+        SGLD's noise): from the shared generator, or torch's global stream on one process."""
+        return torch.randn(like.shape, generator=self.shared, dtype=like.dtype, device=like.device)
+
+
+PLAIN = StepContext()
+
+
+def _layout(t: torch.Tensor) -> torch.memory_format:
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
 class Step(Protocol):
     def __call__(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill ``.grad`` of the optimised tensors; return (loss, logits), detached."""
         ...
 
 
 def sgd_step(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = model(x)
-    loss = nn.functional.cross_entropy(logits, y)
-    loss.backward()
+    with ctx.autocast():
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float(), y)
+    ctx.backward(loss)
     return loss.detach(), logits.detach()
 
 
+def swag_factor(t: float, ratio: float) -> float:
+    """The SWAG paper's CIFAR schedule (reference ``run_swag.py``) as a fraction of lr."""
+    if t <= 0.5:
+        return 1.0
+    if t <= 0.9:
+        return 1.0 - (1.0 - ratio) * (t - 0.5) / 0.4
+    return ratio
+
+
 def lr_at(
-    kind: str, lr: float, lr_end: float, cycle_length: int, total_iters: int
+    kind: str,
+    lr: float,
+    lr_end: float,
+    cycle_length: int,
+    total_iters: int,
+    iters_per_epoch: int = 1,
+    decay_epochs: int | None = None,
 ) -> Callable[[int], float]:
     """Learning rate for 0-based iteration i.
 
     cosine: lr -> lr_end over ``total_iters``; constant: lr; cyclic: the SWA
     paper's alpha(i) = (1 - t) lr + t lr_end, t = ((i mod c) + 1) / c, so the
-    last iteration of each cycle runs at lr_end.
+    last iteration of each cycle runs at lr_end; swag: per epoch e = i //
+    ``iters_per_epoch``, ``swag_factor(e / decay_epochs, lr_end / lr)`` times lr
+    (``decay_epochs`` defaults to the run's epochs).
     """
     if kind == "constant":
         return lambda i: lr
@@ -104,6 +279,10 @@ def lr_at(
             return (1 - t) * lr + t * lr_end
 
         return cyclic
+    if kind == "swag":
+        per_epoch = max(iters_per_epoch, 1)
+        span = decay_epochs or max(math.ceil(total_iters / per_epoch), 1)
+        return lambda i: lr * swag_factor((i // per_epoch) / span, lr_end / lr)
     raise ValueError(f"unknown schedule {kind!r}")
 
 
@@ -140,10 +319,31 @@ def batches_per_epoch(n: int, batch_size: int, batch_norm: bool = False) -> int:
     return count - 1 if batch_norm and count > 1 and n % batch_size == 1 else count
 
 
+def shard(idx: torch.Tensor, world: World | None) -> torch.Tensor:
+    """This rank's share of a global batch: the r-th of N near-equal contiguous pieces."""
+    if world is None or world.size == 1:
+        return idx
+    return torch.tensor_split(idx, world.size)[world.rank]
+
+
+def _check_shards(n: int, batch_size: int, iters: int, size: int, batch_norm: bool) -> None:
+    """Every rank must get at least one example of every batch (two with BatchNorm)."""
+    if size == 1:
+        return
+    smallest = min(batch_size, n - (iters - 1) * batch_size)
+    need = size * (2 if batch_norm else 1)
+    if smallest < need:
+        raise UserError(
+            f"a batch of {smallest} examples cannot be shared by {size} processes "
+            f"({'two' if batch_norm else 'one'} each at least); change batch_size or "
+            "BAYESAVG_NPROC"
+        )
+
+
 def train(
     model: nn.Module,
     optimizer: Optimizer,
-    train_data: Tensors,
+    train_data: Tensors | TrainData,
     *,
     epochs: int,
     batch_size: int,
@@ -157,6 +357,8 @@ def train(
     progress: Progress | None = None,
     on_epoch: Callable[[Progress], None] | None = None,
     log_epochs: bool = True,
+    ctx: StepContext | None = None,
+    augment_seed: int = 0,
 ) -> list[dict[str, float]]:
     """Run ``epochs`` of minibatch training; return one history row per epoch.
 
@@ -169,20 +371,33 @@ def train(
     updated in place; ``on_epoch(progress)`` runs after each epoch, e.g. to
     write a checkpoint. ``log_epochs`` False keeps a run quiet (a logical
     client of distributed SWAG; there may be thousands).
+
+    ``ctx`` carries precision and data parallelism (default: one process,
+    fp32). Under N processes every rank shuffles with the same generator and
+    takes its share of each global batch (``shard``); validation, epoch
+    metrics and logging run on rank 0 only, the others' rows hold the
+    training columns. Augmentation (``TrainData.augment``) is drawn per epoch
+    from a generator seeded by (``augment_seed``, epoch): a resumed run
+    augments exactly as an uninterrupted one.
     """
+    ctx = ctx or StepContext()
+    world = ctx.world
+    main = world is None or world.is_main
     n = len(train_data)
     batch_norm = bool(bn_modules(model))
     if batch_norm and n == 1:
         raise UserError(f"{desc}: one training example cannot train a BatchNorm network")
     iters_per_epoch = batches_per_epoch(n, batch_size, batch_norm)
-    device = train_data.x.device
+    _check_shards(n, batch_size, iters_per_epoch, 1 if world is None else world.size, batch_norm)
+    augment = isinstance(train_data, TrainData) and train_data.augment.active
+    device = train_data.y.device
     progress = progress if progress is not None else Progress()
     history = progress.history
     iteration = progress.iteration
     bar = tqdm(
         range(progress.epoch + 1, epochs + 1),
         desc=desc,
-        disable=None if log_epochs else True,
+        disable=None if log_epochs and main else True,
         leave=False,
         initial=progress.epoch,
         total=epochs,
@@ -191,23 +406,39 @@ def train(
         started = time.perf_counter()
         model.train()
         order = torch.randperm(n, generator=generator).to(device)
+        draws = None
+        if augment:
+            assert isinstance(train_data, TrainData)
+            seed = derive_seed(augment_seed, "augment", epoch)
+            draws = draw_epoch(n, train_data.augment, torch.Generator().manual_seed(seed)).to(
+                device
+            )
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         for b in range(iters_per_epoch):
             end = (b + 1) * batch_size if b < iters_per_epoch - 1 else n
             idx = order[b * batch_size : end]
-            xb, yb = train_data.x[idx], train_data.y[idx]
+            local = shard(idx, world)
+            xb, yb = train_data.batch(local, draws)
+            ctx.weight = local.shape[0] / idx.shape[0]
             rate = lr(iteration)
             for group in optimizer.param_groups:
                 group["lr"] = rate
             optimizer.zero_grad(set_to_none=True)
-            loss, logits = step(model, xb, yb)
-            optimizer.step()
+            loss, logits = step(model, xb, yb, ctx)
+            ctx.reduce_grads(optimizer.params)
+            if ctx.scaler is not None:
+                ctx.scaler.step(optimizer)
+                ctx.scaler.update()
+            else:
+                optimizer.step()
             loss_sum += loss.double() * yb.shape[0]
             correct += (logits.argmax(1) == yb).sum()
             if after_step is not None:
                 after_step(iteration)
             iteration += 1
+        if world is not None:
+            loss_sum, correct = _sum_over_ranks(loss_sum, correct)
         row = {
             "epoch": epoch,
             "lr": rate,
@@ -219,15 +450,15 @@ def train(
                 f"{desc}: training loss became {row['train_loss']} in epoch {epoch}; "
                 "lower the learning rate (schedule.lr) or check the data"
             )
-        if val_data is not None:
+        if main and val_data is not None:
             val_loss, val_acc = loss_and_accuracy(model, val_data)
             row["val_loss"], row["val_accuracy"] = val_loss.item(), val_acc.item()
-        if epoch_metrics is not None:
+        if main and epoch_metrics is not None:
             row.update(epoch_metrics())
         row["seconds"] = time.perf_counter() - started
         history.append(row)
         progress.epoch, progress.iteration = epoch, iteration
-        if log_epochs:
+        if log_epochs and main:
             log.info(
                 "%s epoch %d/%d: %s",
                 desc,
@@ -238,3 +469,13 @@ def train(
         if on_epoch is not None:
             on_epoch(progress)
     return history
+
+
+def _sum_over_ranks(
+    loss_sum: torch.Tensor, correct: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch.distributed as dist
+
+    both = torch.stack([loss_sum, correct.double()])
+    dist.all_reduce(both)
+    return both[0], both[1].round().long()

@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector
+
+from ..flat import params_vector
 
 
 def as_vector(theta: torch.Tensor | nn.Module) -> torch.Tensor:
     """A module's parameters in ``parameters_to_vector`` order, or a 1-D tensor as is."""
     if isinstance(theta, nn.Module):
-        return parameters_to_vector(theta.parameters()).detach()
+        return params_vector(theta.parameters()).detach()
     if theta.dim() != 1:
         raise ValueError(f"expected a 1-D parameter vector, got shape {tuple(theta.shape)}")
     return theta.detach()

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.nn.utils import parameters_to_vector
+
+from ..flat import params_vector
 
 
 def inverse_softplus(sigma: float) -> float:
@@ -44,7 +45,7 @@ class MeanFieldVI(nn.Module):
         self.net = model
         self.prior_sigma = prior_sigma
         self._shapes = [(name, p.shape) for name, p in model.named_parameters()]
-        mu = parameters_to_vector(model.parameters()).detach().clone()
+        mu = params_vector(model.parameters()).detach().clone()
         self.mu = nn.Parameter(mu)
         self.rho = nn.Parameter(torch.full_like(mu, inverse_softplus(sigma_init)))
         for p in model.parameters():
@@ -105,23 +106,28 @@ def svi_step(
     mask and BatchNorm statistics left untouched.
     """
     from ..sam import replayed_rng
+    from ..train import PLAIN, StepContext
 
-    def step(vi: MeanFieldVI, x: torch.Tensor, y: torch.Tensor) -> tuple:
+    def step(vi: MeanFieldVI, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN) -> tuple:
         nll = torch.zeros((), device=x.device)
         for _ in range(mc_samples):
-            theta = vi.theta(torch.randn_like(vi.mu))
+            theta = vi.theta(ctx.randn(vi.mu))
             if sam_rho > 0:
                 with replayed_rng(x.device) as rewind:
                     probe = theta.detach().requires_grad_(True)
-                    (grad,) = torch.autograd.grad(likelihood(vi(x, probe), y), probe)
+                    with ctx.autocast():
+                        probe_nll = likelihood(vi(x, probe).float(), y)
+                    (grad,) = ctx.grad(probe_nll, [probe])
                     e = sam_rho * grad / (torch.linalg.vector_norm(grad) + 1e-12)
                     rewind()
-                    logits = vi(x, theta + e, frozen_stats=True)
+                    with ctx.autocast():
+                        logits = vi(x, theta + e, frozen_stats=True)
             else:
-                logits = vi(x, theta)
-            nll = nll + likelihood(logits, y)
+                with ctx.autocast():
+                    logits = vi(x, theta)
+            nll = nll + likelihood(logits.float(), y)
         loss = nll / mc_samples + kl_weight * vi.kl() / n_train
-        loss.backward()
+        ctx.backward(loss)
         return loss.detach(), logits.detach()
 
     return step

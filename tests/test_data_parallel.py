@@ -20,6 +20,7 @@ import dp_workers
 import pytest
 import torch
 import torch.multiprocessing as mp
+from pipeline_repo import DVC, env, make_repo, prune_landscape, sh, small_params
 
 SPAWN_DEADLINE = 180.0
 # |theta_2 - theta_1| / |theta_1| after 18 steps: summing two half-batch gradients instead
@@ -118,3 +119,42 @@ def test_resumed_two_process_run_is_bitwise_the_uninterrupted_one(runs: Path) ->
     )
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in whole["history"]]
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in resumed["history"]]
+
+
+def test_stages_train_data_parallel_under_torchrun(tmp_path: Path) -> None:
+    """`BAYESAVG_NPROC=2 dvc repro` of finetune stages: the launcher and its ranks, rank 0
+    tracking and writing; members bitwise and swag within rounding of one process (each
+    rank with the thread count one process has here, so only the sum order differs)."""
+    raw = small_params(epochs=2, pretrain_epochs=1, members=2)
+    raw["device"] = "cpu"
+    # no BatchNorm: each rank normalises its half-batch by its own statistics (README),
+    # which is a different computation from one process's, not a rounding difference
+    raw["model"]["batch_norm"] = False
+    ensemble = dict(raw["finetune"]["ensemble"], members=2)
+    raw["finetune"] = {"swag": raw["finetune"]["swag"], "ensemble": ensemble}
+    raw["evaluate"]["predictors"] = {
+        "swag": {"trajectory": "swag", "method": "swag"},
+        "ensemble": {"trajectory": "ensemble", "method": "ensemble"},
+    }
+    raw["evaluate"]["plane"]["trajectories"] = []
+    raw["evaluate"]["dswag_sweep"]["workers"] = []
+    prune_landscape(raw)
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo", raw)
+    stages = ("finetune@swag", "finetune@ensemble")
+    sh(repo, DVC, "repro", *stages)
+    one = {s: _posterior(repo, s) for s in stages}
+    two_procs = env(BAYESAVG_NPROC="2", BAYESAVG_THREADS=str(torch.get_num_threads()))
+    for stage in stages:
+        sh(repo, DVC, "repro", "--force", "--single-item", stage, environ=two_procs)
+    two = {s: _posterior(repo, s) for s in stages}
+    assert torch.equal(one[stages[1]]["samples"]["theta"], two[stages[1]]["samples"]["theta"])
+    assert not torch.equal(one[stages[0]]["theta"], two[stages[0]]["theta"])
+    assert _relative(two[stages[0]]["theta"], one[stages[0]]["theta"]) < TOLERANCE
+    assert two[stages[0]]["collector"]["n_collected"] == one[stages[0]]["collector"]["n_collected"]
+    assert not list(repo.glob("checkpoints/*.pt")), "finished stages leave no checkpoint"
+
+
+def _posterior(repo: Path, stage: str) -> dict:
+    name = stage.split("@")[1]
+    return torch.load(repo / "models" / name / "posterior.pt", weights_only=True)

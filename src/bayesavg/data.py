@@ -263,6 +263,27 @@ def split_source(
     )
 
 
+# Published per-dataset constants, used as the papers' code uses them; a dataset not
+# listed (mnist5k, imagefolder) is normalised by its own training split's statistics.
+# CIFAR's are the SWAG reference code's (PreResNet, WideResNet), for CIFAR-10 and -100
+# alike: the std there is the spread of per-image means, smaller than the pixel std,
+# kept so that a network trained here sees the reference's inputs.
+NORMALISATION: dict[str, tuple[list[float], list[float]]] = {
+    "mnist": ([0.1307], [0.3081]),
+    "fashion_mnist": ([0.2860], [0.3530]),
+    "cifar10": ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+    "cifar100": ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+}
+
+
+def normalisation(dataset: str, train_x: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per-channel (mean, std) of a dataset's inputs: published constants where listed."""
+    if dataset in NORMALISATION:
+        mean, std = NORMALISATION[dataset]
+        return list(mean), list(std)
+    return channel_stats(train_x)
+
+
 def channel_stats(x: torch.Tensor) -> tuple[list[float], list[float]]:
     """Per-channel mean and std of uint8 images scaled to [0, 1]."""
     xf = x.double() / 255
@@ -296,7 +317,7 @@ def prepare(
             f"{dataset}: too few images for train/val/test splits of sizes "
             f"{len(train)}/{len(val)}/{len(test)}"
         )
-    mean, std = channel_stats(train.x)
+    mean, std = normalisation(dataset, train.x)
     out = Path(out_dir)
     splits = {"train": train, "val": val, "test": test}
     files = {}

@@ -56,6 +56,7 @@ bench: bench-install
 	python benchmarks/run.py
 	python benchmarks/pipeline.py
 	python benchmarks/dswag.py
+	python benchmarks/scale.py
 
 # On a CUDA machine: the pipeline end to end on the GPU, determinism, CPU vs CUDA,
 # bf16 vs fp32, training throughput against bare PyTorch and the SWAG reference code,

@@ -1,27 +1,125 @@
-"""Stage `evaluate@<predictor>`: BMA over posterior samples; metrics and plot data."""
+"""Stage `evaluate@<predictor>`: BMA over posterior samples; metrics and plot data.
+
+Runs on `BAYESAVG_NPROC` processes like finetune (torchrun; default 1: this
+process): every rank loads the same inputs and predicts with the posterior
+samples it owns; rank 0 combines them in sample order (bitwise what one
+process gives), measures sharpness, tracks and writes. Under torchrun every rank
+runs with `BAYESAVG_THREADS` intra-op threads (``distributed.join``); one process
+keeps torch's own count, as pretrain and finetune do.
+"""
+
+from __future__ import annotations
 
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
-from _common import MANIFEST, PREPARED, digest, main, params, tracked
+from _common import MANIFEST, PREPARED, delegated, digest, main, params, tracked
 
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json, write_npz
 
+if TYPE_CHECKING:
+    import torch
+
+    from bayesavg.config import Params
+    from bayesavg.data import Prepared, Split
+    from bayesavg.distributed import World
+    from bayesavg.evaluate import Evaluation
+    from bayesavg.posterior_file import PosteriorFile
+    from bayesavg.shift import Shift
+
 SHIFT_KEYS = ("accuracy", "nll", "ece", "brier", "entropy")
+
+
+class Inputs(NamedTuple):
+    """What every rank predicts on: the same bytes on each, built from the params' seed."""
+
+    data: Prepared
+    posterior: PosteriorFile
+    bn_x: torch.Tensor | None
+    splits: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    subset: Split
+    listed: list[Shift]
+    ood: dict[str, torch.Tensor]
+
+
+def load_inputs(p: Params, name: str, device: torch.device) -> Inputs:
+    """The prepared data, the posterior, BN images, splits (test, val, shifted test) and
+    OOD images of predictor ``name``, model-ready on ``device``."""
+    from bayesavg.data import load_prepared
+    from bayesavg.evaluate import bn_subset, needs_bn_data
+    from bayesavg.extra_sets import ood_images, shift_subset, shifted
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.shift import shifts
+
+    pred, e = p.evaluate.predictors[name], p.evaluate
+    data = load_prepared(PREPARED)
+    posterior = load_posterior(posterior_path(p, name))
+    bn_x = None
+    if posterior.has_batchnorm and needs_bn_data(pred.method):
+        bn_part = bn_subset(data.train, e.bn_update_fraction, p.seed)
+        bn_x = posterior.model_input(bn_part.x, device)
+    splits = {
+        split: (posterior.model_input(part.x, device), part.y)
+        for split, part in (("test", data.test), ("val", data.val))
+    }
+    subset = shift_subset(data.test, e.shift.n_points, p.seed)
+    listed = shifts(e.shift.angles, e.shift.corruptions, e.shift.severity)
+    for shift_name, images in shifted(subset.x, listed, p.seed).items():
+        splits[f"shift.{shift_name}"] = (posterior.model_input(images, device), subset.y)
+    fractions = (p.seed, p.data.test_fraction, p.data.val_fraction)
+    ood = {
+        spec: posterior.model_input(
+            ood_images(
+                spec, posterior.input_shape, p.data.raw_dir, fractions, e.ood.n_points, p.seed
+            ),
+            device,
+        )
+        for spec in e.ood.sets
+    }
+    return Inputs(data, posterior, bn_x, splits, subset, listed, ood)
+
+
+def posterior_path(p: Params, name: str) -> Path:
+    return Path("models") / p.evaluate.predictors[name].trajectory / "posterior.pt"
+
+
+def predict(
+    p: Params, name: str, found: Inputs, world: World, device: torch.device
+) -> dict[str, Evaluation]:
+    """This rank's share of the BMA (``evaluate``); the results on rank 0, {} on others."""
+    from bayesavg.evaluate import evaluate
+    from bayesavg.precision import precision_for
+    from bayesavg.seeding import derive_seed
+
+    pred, e = p.evaluate.predictors[name], p.evaluate
+    return evaluate(
+        found.posterior,
+        pred.method,
+        found.splits,
+        n_samples=e.n_samples,
+        scale=pred.effective_scale(),
+        bn_x=found.bn_x,
+        batch_size=e.batch_size,
+        ece_bins=e.ece_bins,
+        seed=derive_seed(p.seed, "evaluate", name),
+        device=device,
+        name=name,
+        ood=found.ood,
+        world=world,
+        precision=precision_for(p.precision, device),
+    )
 
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
-    from bayesavg.data import load_prepared
-    from bayesavg.evaluate import bn_subset, centre_sharpness, evaluate, method_of, needs_bn_data
-    from bayesavg.extra_sets import ood_images, shift_subset, shifted
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.distributed import World, current_world, leave, local_device
+    from bayesavg.evaluate import bn_subset, centre_sharpness, method_of
     from bayesavg.predict import MODEL_CODE, PredictorConfig
     from bayesavg.sampling import sigma_ratio
     from bayesavg.seeding import derive_seed, resolve_device
-    from bayesavg.shift import shifts
 
     p = params()
     if len(sys.argv) != 2 or sys.argv[1] not in p.evaluate.predictors:
@@ -31,58 +129,39 @@ def run() -> None:
     name = sys.argv[1]
     pred = p.evaluate.predictors[name]
     e = p.evaluate
+    device = local_device(resolve_device(p.device))
+
+    def share() -> tuple[Inputs, dict[str, Evaluation]]:
+        # Joined first: under torchrun the thread count is set before any work.
+        world = current_world(device) or World(0, 1, device)
+        try:
+            # Rank 0 loads first, the others after it: an OOD set not on disk yet is
+            # downloaded once, not by every rank into the same files at once.
+            _barrier(world, not world.is_main)
+            found = load_inputs(p, name, device)
+            _barrier(world, world.is_main)
+            return found, predict(p, name, found, world, device)
+        finally:
+            leave(world)
+
+    if delegated(share):
+        return
     logged = {
         "predictor": pred.model_dump(),
         "evaluate": e.model_dump(exclude={"predictors"}),
         "scale": pred.effective_scale(),
     }
     stage = f"evaluate@{name}"
-    posterior_file = Path("models") / pred.trajectory / "posterior.pt"
+    posterior_file = posterior_path(p, name)
     # The BatchNorm images the served model needs outlive the run: the tracking worker
     # copies them into the model after the stage's last line.
     with (
         tempfile.TemporaryDirectory() as tmp,
         tracked(stage, p, logged, [MANIFEST, posterior_file]) as mlrun,
     ):
-        device = resolve_device(p.device)
-        data = load_prepared(PREPARED)
-        posterior = load_posterior(posterior_file)
-        bn_x = None
-        if posterior.has_batchnorm and needs_bn_data(pred.method):
-            bn_part = bn_subset(data.train, e.bn_update_fraction, p.seed)
-            bn_x = posterior.model_input(bn_part.x, device)
-        splits = {
-            split: (posterior.model_input(part.x, device), part.y)
-            for split, part in (("test", data.test), ("val", data.val))
-        }
-        subset = shift_subset(data.test, e.shift.n_points, p.seed)
-        listed = shifts(e.shift.angles, e.shift.corruptions, e.shift.severity)
-        for shift_name, images in shifted(subset.x, listed, p.seed).items():
-            splits[f"shift.{shift_name}"] = (posterior.model_input(images, device), subset.y)
-        fractions = (p.seed, p.data.test_fraction, p.data.val_fraction)
-        ood = {
-            spec: posterior.model_input(
-                ood_images(
-                    spec, posterior.input_shape, p.data.raw_dir, fractions, e.ood.n_points, p.seed
-                ),
-                device,
-            )
-            for spec in e.ood.sets
-        }
-        results = evaluate(
-            posterior,
-            pred.method,
-            splits,
-            n_samples=e.n_samples,
-            scale=pred.effective_scale(),
-            bn_x=bn_x,
-            batch_size=e.batch_size,
-            ece_bins=e.ece_bins,
-            seed=derive_seed(p.seed, "evaluate", name),
-            device=device,
-            name=name,
-            ood=ood,
-        )
+        found, results = share()
+        data, posterior, bn_x = found.data, found.posterior, found.bn_x
+        subset, listed = found.subset, found.listed
         sh = e.sharpness
         part = data.train.random_subset(sh.n_points, derive_seed(p.seed, "sharpness"))
         sharp = centre_sharpness(
@@ -169,6 +248,14 @@ def run() -> None:
             code=str(MODEL_CODE),
             bn_images=bn_images,
         )
+
+
+def _barrier(world: World, now: bool) -> None:
+    """A barrier that every rank of a multi-process run enters once, when ``now``."""
+    if now and world.size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def _pick(metrics: dict[str, float]) -> dict[str, float]:

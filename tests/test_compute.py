@@ -249,3 +249,13 @@ def test_decay_epochs_only_for_the_swag_schedule() -> None:
 def test_compute_is_a_frozen_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Compute().channels_last = True  # type: ignore[misc]
+
+
+def test_published_normalisation_for_known_datasets_else_the_splits_own() -> None:
+    from bayesavg.data import channel_stats, normalisation
+
+    x = torch.randint(0, 256, (20, 3, 4, 4), dtype=torch.uint8)
+    assert normalisation("cifar10", x) == ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010])
+    assert normalisation("cifar100", x) == normalisation("cifar10", x)
+    assert normalisation("imagefolder:/x", x) == channel_stats(x)
+    assert normalisation("mnist5k", x[:, :1]) == channel_stats(x[:, :1])

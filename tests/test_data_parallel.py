@@ -154,6 +154,19 @@ def test_stages_train_data_parallel_under_torchrun(tmp_path: Path) -> None:
     assert two[stages[0]]["collector"]["n_collected"] == one[stages[0]]["collector"]["n_collected"]
     assert not list(repo.glob("checkpoints/*.pt")), "finished stages leave no checkpoint"
 
+    # evaluate@: samples spread over the ranks, combined in sample order: the same bytes
+    evaluations = ("evaluate@swag", "evaluate@ensemble")
+    outputs = [
+        f"{kind}/{s.split('@')[1]}.{ext}"
+        for s in evaluations
+        for kind, ext in (("metrics", "json"), ("predictions", "npz"))
+    ]
+    sh(repo, DVC, "repro", *evaluations)
+    one_eval = {o: (repo / o).read_bytes() for o in outputs}
+    for stage in evaluations:
+        sh(repo, DVC, "repro", "--force", "--single-item", stage, environ=two_procs)
+    assert {o: (repo / o).read_bytes() for o in outputs} == one_eval
+
 
 def _posterior(repo: Path, stage: str) -> dict:
     name = stage.split("@")[1]

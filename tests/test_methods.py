@@ -20,6 +20,7 @@ from bayesavg.evaluate import centre_sharpness, evaluate, method_of
 from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posterior_file import PosteriorFile, load_theta
 from bayesavg.sampling import centres
+from bayesavg.seeding import derive_seed
 from bayesavg.sgld import SGLD
 from bayesavg.sharpness import sam_sharpness
 from bayesavg.trajectories import finetune, pretrain, pretrain_members
@@ -105,9 +106,12 @@ def test_mc_dropout_averages_seeded_stochastic_passes(
         if isinstance(m, nn.Dropout):
             m.train()
     x = split["val"][0]
-    with torch.random.fork_rng():
-        torch.manual_seed(7)
-        brute = torch.stack([_probs(model, x) for _ in range(4)]).mean(0).log()
+    passes = []
+    for s in range(1, 5):  # each pass's masks from its own stream (any rank can compute it)
+        with torch.random.fork_rng():
+            torch.manual_seed(derive_seed(7, "sample", s))
+            passes.append(_probs(model, x))
+    brute = torch.stack(passes).mean(0).log()
     torch.testing.assert_close(got.log_probs, brute, rtol=0, atol=1e-9)
     again = evaluate(post, "mc_dropout", split, n_samples=4, seed=7, batch_size=10_000)["val"]
     assert torch.equal(again.log_probs, got.log_probs)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import dp_workers
 import pytest
 import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-import dp_workers
 from bayesavg.augment import Augment
 from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import parse_params

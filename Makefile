@@ -69,13 +69,7 @@ ui: install
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
 
-check-# On a CUDA machine: the pipeline end to end on the GPU, determinism, CPU vs CUDA,
-# bf16 vs fp32, training throughput against bare PyTorch and the SWAG reference code,
-# evaluation cost, peak memory; one JSON on stdout. Exits 2 without a CUDA device.
-gpu-check: bench-install
-	python scripts/gpu_check.py
-
-ui: install
+check-ui: install
 	python scripts/check_ui.py
 
 clean:

@@ -13,14 +13,13 @@ that define a step, so:
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import dp_workers
 import pytest
 import torch
-import torch.multiprocessing as mp
 from pipeline_repo import DVC, env, make_repo, prune_landscape, sh, small_params
+from ranks import spawn_ranks
 
 SPAWN_DEADLINE = 180.0
 # |theta_2 - theta_1| / |theta_1| after 18 steps: summing two half-batch gradients instead
@@ -40,23 +39,8 @@ JOBS = {
 
 
 def _spawn(world: int, folder: Path) -> None:
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=dp_workers.rank_main, args=(r, world, str(folder), list(JOBS.items())))
-        for r in range(world)
-    ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + SPAWN_DEADLINE
-    for proc in procs:
-        proc.join(max(deadline - time.monotonic(), 0.1))
-    alive = [p for p in procs if p.is_alive()]
-    for proc in alive:
-        proc.kill()
-    errors = sorted(folder.glob(f"error-{world}-*.txt"))
-    assert not errors, errors[0].read_text()
-    assert not alive, f"a {world}-rank run did not finish in {SPAWN_DEADLINE} s"
-    assert all(p.exitcode == 0 for p in procs)
+    args = (world, str(folder), list(JOBS.items()))
+    spawn_ranks(dp_workers.rank_main, world, args, folder, SPAWN_DEADLINE, f"error-{world}-*.txt")
 
 
 @pytest.fixture(scope="module")

@@ -14,16 +14,15 @@ import json
 import math
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import yaml
 from dswag_workers import make_net, make_splits, problem_spec, rank_main, run_spec, trajectory
 from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, prune_landscape, sh, small_params
+from ranks import spawn_ranks
 from torch.nn.utils import parameters_to_vector
 
 from bayesavg import dswag
@@ -110,27 +109,10 @@ MANY = problem_spec(
 
 
 def _spawn(world: int, jobs: list[tuple[str, dict[str, Any]]], folder: Path) -> None:
-    """Run ``jobs`` on ``world`` spawned ranks; fail (never hang) if any rank fails or
-    is still running at the deadline."""
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=rank_main, args=(rank, world, str(folder), jobs), daemon=True)
-        for rank in range(world)
-    ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + SPAWN_DEADLINE
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-    errors = "\n".join(p.read_text() for p in sorted(folder.glob(f"error-{world}-*.txt")))
-    assert not hung, f"ranks {hung} of {world} still running after {SPAWN_DEADLINE} s\n{errors}"
-    codes = [proc.exitcode for proc in procs]
-    assert codes == [0] * world, f"exit codes {codes} on {world} processes\n{errors}"
+    """Run ``jobs`` on ``world`` spawned ranks (``ranks.spawn_ranks``)."""
+    spawn_ranks(
+        rank_main, world, (world, str(folder), jobs), folder, SPAWN_DEADLINE, f"error-{world}-*.txt"
+    )
 
 
 def _alone(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:

@@ -11,15 +11,14 @@ with two splits and an OOD set. Ranks are spawned once for every case
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from evaluate_workers import CASES, inputs, plain, posterior, rank_main, run_case
+from ranks import spawn_ranks
 
 from bayesavg.batchnorm import update_bn
 from bayesavg.evaluate import log_softmax_predictions, method_of
@@ -46,25 +45,7 @@ def one_thread() -> Iterator[None]:
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every case evaluated on 2 spawned ranks; the folder of their results."""
     folder = tmp_path_factory.mktemp("evaluate_ranks")
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(target=rank_main, args=(rank, WORLD, str(folder)), daemon=True)
-        for rank in range(WORLD)
-    ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + SPAWN_DEADLINE
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, proc in enumerate(procs) if proc.is_alive()]
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(10)
-    errors = "\n".join(p.read_text() for p in sorted(folder.glob("error-*.txt")))
-    assert not hung, f"ranks {hung} still running after {SPAWN_DEADLINE} s\n{errors}"
-    codes = [proc.exitcode for proc in procs]
-    assert codes == [0] * WORLD, f"exit codes {codes}\n{errors}"
+    spawn_ranks(rank_main, WORLD, (WORLD, str(folder)), folder, SPAWN_DEADLINE)
     return folder
 
 

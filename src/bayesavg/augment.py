@@ -1,11 +1,11 @@
 """On-device augmentation of uint8 image batches: random crop with zero padding and
-horizontal flip, as torchvision's ``RandomCrop(H, padding=p)`` then
-``RandomHorizontalFlip()`` (the SWAG reference code's CIFAR transforms).
+horizontal flip, as torchvision's ``RandomCrop(H, padding=p)`` (constant fill 0)
+then ``RandomHorizontalFlip()`` (the SWAG reference code's CIFAR transforms).
 
 torchvision's transforms work one PIL image at a time in DataLoader
 workers; here a whole batch is cropped and flipped with index arithmetic on
-the device, from offsets drawn once per epoch for every image, so a resumed
-run or any rank draws exactly the same ones.
+the device, from offsets drawn once per epoch for every image from a CPU
+generator, so a resumed run or any rank draws exactly the same ones.
 """
 
 from __future__ import annotations
@@ -17,39 +17,61 @@ import torch
 
 @dataclass(frozen=True)
 class Augment:
+    """What to augment; the default (no crop, no flip) is inactive."""
+
     crop_padding: int = 0  # pixels of zero padding on each side; 0 = no crop
     flip: bool = False  # random horizontal flip with probability 1/2
 
+    def __post_init__(self) -> None:
+        if isinstance(self.crop_padding, bool) or not isinstance(self.crop_padding, int):
+            raise ValueError(f"crop_padding must be an int, got {self.crop_padding!r}")
+        if self.crop_padding < 0:
+            raise ValueError(f"crop_padding must be >= 0, got {self.crop_padding}")
+
     @property
     def active(self) -> bool:
+        """Whether anything is drawn or changed; inactive runs are the unaugmented ones."""
         return self.crop_padding > 0 or self.flip
 
 
 @dataclass(frozen=True)
 class EpochDraws:
-    """Every image's crop offset (top, left in [0, 2 p]) and flip for one epoch."""
+    """Every image's crop offset and flip for one epoch, indexed like the split."""
 
-    top: torch.Tensor
-    left: torch.Tensor
-    flip: torch.Tensor
+    top: torch.Tensor  # (n,) int64 in [0, 2 * crop_padding]
+    left: torch.Tensor  # (n,) int64 in [0, 2 * crop_padding]
+    flip: torch.Tensor  # (n,) bool
+
+    def __len__(self) -> int:
+        return self.top.shape[0]
 
     def to(self, device: torch.device | str) -> EpochDraws:
+        """Moved once per epoch, so the batches index them without host copies."""
         return EpochDraws(self.top.to(device), self.left.to(device), self.flip.to(device))
 
     def take(self, idx: torch.Tensor) -> EpochDraws:
-        """The draws of a minibatch's images."""
+        """The draws of a minibatch's images (``idx`` indexes the split)."""
         return EpochDraws(self.top[idx], self.left[idx], self.flip[idx])
 
 
 def draw_epoch(n: int, augment: Augment, generator: torch.Generator) -> EpochDraws:
     """One epoch's offsets and flips for ``n`` images from the CPU ``generator``.
 
-    Active: three draws of n values each (top, left, flip), whatever the flags,
-    so the stream does not depend on them. Inactive: nothing is drawn.
+    Active: exactly ``randint(0, 2p + 1, (n,))`` for top, the same for left,
+    then ``rand(n) < 0.5`` for flip, in that order, whatever ``crop_padding``
+    and ``flip`` are (with ``flip`` False the flips are drawn, then zeroed), so
+    the generator advances alike for every active setting. Inactive: nothing
+    is drawn (the generator is untouched, so a run without augmentation is
+    bitwise what it was before) and the draws are all zero / False.
     """
+    if n < 0:
+        raise ValueError(f"draw_epoch needs n >= 0 images, got {n}")
     if not augment.active:
-        zeros = torch.zeros(n, dtype=torch.int64)
-        return EpochDraws(zeros, zeros, torch.zeros(n, dtype=torch.bool))
+        return EpochDraws(
+            torch.zeros(n, dtype=torch.int64),
+            torch.zeros(n, dtype=torch.int64),
+            torch.zeros(n, dtype=torch.bool),
+        )
     span = 2 * augment.crop_padding + 1
     top = torch.randint(0, span, (n,), generator=generator)
     left = torch.randint(0, span, (n,), generator=generator)
@@ -60,19 +82,38 @@ def draw_epoch(n: int, augment: Augment, generator: torch.Generator) -> EpochDra
 
 
 def apply(x: torch.Tensor, draws: EpochDraws, augment: Augment) -> torch.Tensor:
-    """uint8 (B, C, H, W) -> each image cropped from its zero-padded copy at (top, left),
-    then flipped where drawn; the input itself when ``augment`` is inactive."""
+    """uint8 (B, C, H, W) -> each image cropped (H x W) at (top, left) from its copy
+    zero-padded by ``crop_padding``, then flipped left-right where drawn; the input
+    itself when ``augment`` is inactive.
+
+    One gather for the whole batch on ``x``'s device (draws elsewhere are moved
+    there); the output is channels-last when ``x`` is, contiguous otherwise, so
+    the layout a caller chose survives. Offsets must lie in [0, 2 * crop_padding]
+    (as ``draw_epoch`` gives); they are not checked, as that would sync the host.
+    """
     if x.dtype != torch.uint8 or x.dim() != 4:
-        raise ValueError(f"augment needs uint8 (B, C, H, W) images, got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(
+            f"augment needs uint8 (B, C, H, W) images, got {x.dtype} of shape {tuple(x.shape)}"
+        )
     if not augment.active:
         return x
-    _, _, height, width = x.shape
+    batch, channels, height, width = x.shape
+    if not (len(draws) == draws.left.shape[0] == draws.flip.shape[0] == batch):
+        raise ValueError(
+            f"augment got {batch} images but draws for {tuple(draws.top.shape)}, "
+            f"{tuple(draws.left.shape)}, {tuple(draws.flip.shape)}; take() the batch's rows"
+        )
+    draws = draws.to(x.device)  # a no-op when the caller already moved them
     p = augment.crop_padding
     padded = torch.nn.functional.pad(x, (p, p, p, p)) if p else x
-    rows = draws.top.view(-1, 1) + torch.arange(height, device=x.device).view(1, -1)
-    cols = torch.arange(width, device=x.device).view(1, -1).expand(x.shape[0], -1)
+    # source row / column of every output pixel in the padded image: (B, H) and (B, W)
+    rows = draws.top.view(-1, 1) + torch.arange(height, device=x.device)
+    cols = torch.arange(width, device=x.device).expand(batch, width)
     cols = torch.where(draws.flip.view(-1, 1), cols.flip(1), cols) + draws.left.view(-1, 1)
-    batch = torch.arange(x.shape[0], device=x.device).view(-1, 1, 1)
-    # (B, H, W, C) by advanced indexing on the padded (B, C, H', W') moved channels-last
-    out = padded.permute(0, 2, 3, 1)[batch, rows.view(-1, height, 1), cols.view(-1, 1, width)]
-    return out.permute(0, 3, 1, 2)
+    b = torch.arange(batch, device=x.device).view(-1, 1, 1)
+    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        # gather (B, H, W, C) from the channels-last view: the result is channels-last
+        out = padded.permute(0, 2, 3, 1)[b, rows.view(-1, height, 1), cols.view(-1, 1, width)]
+        return out.permute(0, 3, 1, 2)
+    c = torch.arange(channels, device=x.device).view(1, -1, 1, 1)
+    return padded[b.view(-1, 1, 1, 1), c, rows.view(-1, 1, height, 1), cols.view(-1, 1, 1, width)]

@@ -33,8 +33,13 @@ def vgg16_bn(in_shape: tuple[int, int, int], num_classes: int, dropout: float = 
     features = make_layers(vgg_cfgs["D"], batch_norm=True)
     if channels != 3:
         features[0] = nn.Conv2d(channels, 64, kernel_size=3, padding=1)
-    classifier = nn.Sequential(
-        nn.Flatten(),
+    classifier = nn.Sequential(nn.Flatten(), *_head(feat, num_classes, dropout))
+    return nn.Sequential(features, classifier)
+
+
+def _head(feat: int, num_classes: int, dropout: float) -> list[nn.Module]:
+    """The SWAG papers' CIFAR classifier: dropout, 512, dropout, 512, classes."""
+    return [
         nn.Dropout(dropout),
         nn.Linear(feat, 512),
         nn.ReLU(inplace=True),
@@ -42,8 +47,7 @@ def vgg16_bn(in_shape: tuple[int, int, int], num_classes: int, dropout: float = 
         nn.Linear(512, 512),
         nn.ReLU(inplace=True),
         nn.Linear(512, num_classes),
-    )
-    return nn.Sequential(features, classifier)
+    ]
 
 
 class VGG16(nn.Module):
@@ -70,15 +74,7 @@ class VGG16(nn.Module):
                 layers += [nn.Conv2d(channels, v, 3, padding=1), nn.ReLU(inplace=True)]
                 channels = v
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(
-            nn.Dropout(dropout),
-            nn.Linear(feat, 512),
-            nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-            nn.Linear(512, 512),
-            nn.ReLU(inplace=True),
-            nn.Linear(512, num_classes),
-        )
+        self.classifier = nn.Sequential(*_head(feat, num_classes, dropout))
         with torch.no_grad():
             for m in self.modules():
                 if isinstance(m, nn.Conv2d):

@@ -52,6 +52,10 @@ from .common import tensors, train_data
 
 log = logging.getLogger(__name__)
 
+# The parts every rank holds; collectors and kept samples live on rank 0 alone and are
+# not sent to the others (a WideResNet's SWAG collector is gigabytes).
+REPLICATED = ("net", "optimizer", "scaler")
+
 
 @dataclass
 class Plan:
@@ -147,7 +151,7 @@ class _Run:
 
 
 def _replicated(
-    world: World | None, resume: Resumable | None, epochs: int, run: _Run
+    world: World | None, resume: Resumable | None, epochs: int
 ) -> tuple[dict[str, Any] | None, list[int]]:
     """The state to resume from and the epochs to checkpoint after, as every rank sees them.
 
@@ -164,7 +168,8 @@ def _replicated(
     if world.is_main:
         shared = None
         if state is not None:
-            shared = dict(state, parts={k: v for k, v in state["parts"].items() if k in run.parts})
+            kept = {k: v for k, v in state["parts"].items() if k in REPLICATED}
+            shared = dict(state, parts=kept)
         box[0] = (shared, due)
     dist.broadcast_object_list(box, src=0)
     shared_state, due = box[0]
@@ -200,7 +205,7 @@ def run_plan(
     if ctx.scaler is not None:
         parts["scaler"] = ctx.scaler
     run = _Run(parts, generator(run_seed), ctx)
-    state, due = _replicated(compute.world, resume, opts.epochs, run)
+    state, due = _replicated(compute.world, resume, opts.epochs)
     if state is not None:
         run.load_state_dict(state)
         log.info("%s: resuming from the checkpoint after epoch %d", desc, run.progress.epoch)

@@ -45,7 +45,7 @@ def job(args: argparse.Namespace) -> None:
 
     import torch
 
-    from bayesavg import launch
+    from bayesavg import numerics
     from bayesavg.config import load_params
     from bayesavg.data import prepare
     from bayesavg.distributed import join
@@ -56,7 +56,7 @@ def job(args: argparse.Namespace) -> None:
     from bayesavg.seeding import seed_everything
     from bayesavg.trajectories import posterior_fields, tensors
 
-    torch.set_num_threads(launch.threads())  # the data's statistics too: same on every count
+    torch.set_num_threads(numerics.threads())  # the data's statistics too: same on every count
     p = load_params(ROOT / "params.yaml")
     traj = p.finetune["dswag"]
     if args.clients > 100:  # the memory run: many clients, one step each, one round

@@ -22,7 +22,7 @@ from typing import Any
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
 
-from bayesavg import launch
+from bayesavg import launch, numerics
 from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
 from bayesavg.entry import run_entry
@@ -150,6 +150,7 @@ def stage_checkpoint(
             "channels_last": p.channels_last,
             "augment": p.data.augment.model_dump(),
             "processes": launch.nproc(),
+            "numerics": numerics.describe(),
         },
         "inputs": {str(path): digest(path) for path in inputs},
         "code": _code_digests(),
@@ -195,6 +196,12 @@ def tracked(
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
         "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "command": " ".join(sys.argv),
+        # what the bytes depend on besides params and code (torch stages only)
+        **(
+            {f"numerics.{k}": v for k, v in numerics.describe().items()}
+            if "torch" in sys.modules
+            else {}
+        ),
         **(tags or {}),
     }
     parent = execution()

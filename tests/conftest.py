@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from bayesavg import numerics
+
+numerics.pin()  # before torch, as every stage does: tests compute what the stages compute
+
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path

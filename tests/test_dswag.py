@@ -25,7 +25,7 @@ from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, prune_landscape, sh
 from ranks import spawn_ranks
 from torch.nn.utils import parameters_to_vector
 
-from bayesavg import dswag
+from bayesavg import dswag, numerics
 from bayesavg.config import parse_params
 from bayesavg.errors import UserError
 from bayesavg.federated import sample_clients
@@ -161,9 +161,9 @@ def _assert_same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.fixture
 def one_thread() -> Any:
-    """The thread count every rank uses (``launch.threads``), for references built here."""
+    """The thread count every rank uses (``numerics.threads``), for references built here."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(numerics.threads())
     yield
     torch.set_num_threads(before)
 

@@ -20,6 +20,7 @@ import torch
 from evaluate_workers import CASES, inputs, plain, posterior, rank_main, run_case
 from ranks import spawn_ranks
 
+from bayesavg import numerics
 from bayesavg.batchnorm import update_bn
 from bayesavg.evaluate import log_softmax_predictions, method_of
 from bayesavg.models import for_inference, has_batchnorm
@@ -34,9 +35,9 @@ WORLD = 2
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
-    """The ranks' intra-op thread count (``BAYESAVG_THREADS``, default 1) in this process."""
+    """The thread count every rank uses (``numerics.threads``), for references built here."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(numerics.threads())
     yield
     torch.set_num_threads(before)
 

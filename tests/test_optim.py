@@ -37,7 +37,7 @@ CASES = [
     (lambda p: SGD(p), lambda p: torch.optim.SGD(p, lr=0.0)),
     (
         lambda p: Adam(p, weight_decay=1e-3),
-        lambda p: torch.optim.Adam(p, lr=0.0, weight_decay=1e-3),
+        lambda p: torch.optim.Adam(p, lr=0.0, weight_decay=1e-3, fused=True),
     ),
 ]
 

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import numerics
 from .entry import run_entry
 from .errors import UserError
 from .methods import REGISTRY
@@ -170,5 +171,6 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    run_entry(numerics.pin)  # before torch: the same bytes as the pipeline's stages
     if args.command == "evaluate":
         run_entry(lambda: _evaluate(args))

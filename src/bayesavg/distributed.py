@@ -12,7 +12,7 @@ position, each rank sends every result to rank 0 as soon as it is
 computed, and rank 0 takes them in client order (``in_client_order``).
 Rank 0 holds one result at a time, every other rank the one it is
 computing: memory per rank stays O(d) whatever the number of clients.
-Every rank uses the same intra-op thread count (``launch.threads``)
+Every rank uses the same intra-op thread count (``numerics.threads``)
 whatever the number of processes, since CPU kernels can round
 differently with another thread count.
 """
@@ -27,7 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .launch import is_rank, threads
+from .launch import is_rank
+from .numerics import threads
 
 
 @dataclass(frozen=True)

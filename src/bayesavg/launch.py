@@ -26,20 +26,10 @@ from collections.abc import Callable, Sequence
 
 from .entry import setup_logging
 from .errors import UserError
+from .numerics import threads
 
 NPROC_ENV = "BAYESAVG_NPROC"
-THREADS_ENV = "BAYESAVG_THREADS"
 ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
-
-
-def threads() -> int:
-    """The intra-op thread count of every rank of a distributed stage (``BAYESAVG_THREADS``,
-    default 1), the same whatever the number of processes: CPU kernels can round
-    differently with another thread count."""
-    text = os.environ.get(THREADS_ENV, "1")
-    if not text.isdigit() or int(text) < 1:
-        raise UserError(f"{THREADS_ENV}: must be a positive integer (got {text!r})")
-    return int(text)
 
 
 def nproc() -> int:
@@ -72,7 +62,8 @@ def relaunch(argv: Sequence[str]) -> None:
 
     errors = tempfile.mkdtemp(prefix="bayesavg-ranks-")
     os.environ[ERRORS_ENV] = errors
-    # The same intra-op thread count on every rank, also what torchrun would set.
+    # The ranks inherit the environment: the same thread count and instruction set
+    # (``numerics.pin``, done before this process imported torch).
     os.environ["OMP_NUM_THREADS"] = str(threads())
     # torchrun's own account of a failure ("failed (exitcode: 2) local_rank: 1 ...") is a
     # consequence of the rank's error, which is reported instead. Its loggers set their

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import ieee
 from .errors import UserError
 from .methods import METHODS, PROVIDES, REGISTRY, Method
 from .models import has_dropout
@@ -249,7 +250,7 @@ def centres(posterior: PosteriorFile, method: Method) -> list[Network]:
 # A variational method's per-weight sigma, per ``Method.sigma``.
 SIGMAS: dict[str, Callable[[PosteriorFile], torch.Tensor]] = {
     "rho": lambda p: torch.nn.functional.softplus(p.rho),  # type: ignore[arg-type]
-    "hwa_var": lambda p: _hwa_state(p, "cpu").var.mean.clamp(min=0).sqrt(),
+    "hwa_var": lambda p: ieee.sqrt(_hwa_state(p, "cpu").var.mean.clamp(min=0)),
     "hwa_rho": lambda p: torch.nn.functional.softplus(_hwa_state(p, "cpu").rho.mean),
 }
 SIGMA_QUANTILES = {

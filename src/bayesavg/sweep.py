@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import ieee
 from .batchnorm import update_bn
 from .evaluate import log_softmax_predictions
 from .models import for_inference, has_batchnorm
@@ -49,7 +50,7 @@ def sigma_distance(
     assert posterior.collector is not None
     device = x.device
     swag = SWAG.from_state_dict(posterior.collector, device=device)
-    mean, sigma = swag.mean, swag.variance().sqrt()
+    mean, sigma = swag.mean, ieee.sqrt(swag.variance())
     model = for_inference(posterior.build_model(device))
     needs_bn = has_batchnorm(model)
     if needs_bn and bn_x is None:

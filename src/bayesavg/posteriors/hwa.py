@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import ieee
 from .moments import MomentCollector
 from .swag import SWAG
 
@@ -54,7 +55,7 @@ class HWA:
         z0 = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         if variant == "hwa_rho":
             return mean + torch.nn.functional.softplus(self.rho.mean) * z0
-        spread = self.var.mean.clamp(min=0).sqrt() * z0
+        spread = ieee.sqrt(self.var.mean.clamp(min=0)) * z0
         if variant == "hwa_mf":
             return mean + spread
         return self.mu.sample(scale=scale, generator=generator) + spread

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .. import ieee
 from .moments import MomentCollector
 
 
@@ -31,7 +32,7 @@ class SWAG(MomentCollector):
         if scale == 0:
             return mean
         z1 = torch.randn(self.num_params, generator=generator, device=self.device, dtype=self.dtype)
-        noise = self.variance().sqrt() * z1
+        noise = ieee.sqrt(self.variance()) * z1
         k = self.rank
         if not diag_only and k >= 2:
             z2 = torch.randn(k, generator=generator, device=self.device, dtype=self.dtype)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import ieee
 from ..config import Trajectory
 from ..distributed import broadcast
 from ..optim import build as build_optimizer
@@ -56,7 +57,7 @@ def plan(
             with torch.no_grad():
                 if hwa is not None:
                     vi.mu.copy_(hwa.mu.mean)
-                    vi.rho.copy_(softplus_inverse(hwa.var.mean.sqrt()))
+                    vi.rho.copy_(softplus_inverse(ieee.sqrt(hwa.var.mean)))
                 if world is not None:  # every rank restarts from rank 0's average
                     broadcast(world, vi.mu.data)
                     broadcast(world, vi.rho.data)

@@ -1,0 +1,117 @@
+"""The same bytes on every x86-64 CPU: a fixed thread count and a pinned instruction set.
+
+A CPU kernel's result depends on how it splits the work (the intra-op
+thread count, not the number of cores) and on which code path it takes
+(AVX-512 or AVX2 kernels in ATen, oneDNN's JIT, MKL's dispatch). Left to
+themselves, torch, oneDNN and MKL pick the widest instruction set the CPU
+has and as many threads as it has cores, so a pipeline's bytes change from
+machine to machine. ``pin`` fixes both through the environment variables
+these libraries read once, when torch is first imported: so it must run
+before that, and every entry point (each stage's ``_bootstrap``, the
+``bayesavg`` command, the tests) calls it first. torchrun's ranks inherit
+the environment, so every rank runs with the same settings.
+
+``BAYESAVG_THREADS`` (default ``DEFAULT_THREADS``) is the intra-op thread
+count of every stage and rank. ``BAYESAVG_NUMERICS=native`` leaves the
+instruction set to the libraries (faster on AVX-512 machines, bytes tied to
+the CPU); the default, ``portable``, pins AVX2 where the CPU has it. This
+module does not import torch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from collections.abc import MutableMapping
+from functools import cache
+
+from .errors import UserError
+
+THREADS_ENV = "BAYESAVG_THREADS"
+MODE_ENV = "BAYESAVG_NUMERICS"
+MODES = ("portable", "native")
+# Measured on a 2-core machine (benchmarks/numerics.py, README "Numerics"): 2 threads
+# run the default pipeline's stages faster than 1; a fixed count, not the core count,
+# so a machine with any number of cores computes the same bytes.
+DEFAULT_THREADS = 2
+# The variables ATen, oneDNN and MKL read at start-up: AVX2 kernels everywhere, and
+# MKL's conditional numerical reproducibility, so Intel and AMD CPUs take one path.
+ISA_PINS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
+    "MKL_DYNAMIC": "FALSE",
+}
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# AVX2 kernels also use FMA: a CPU needs both for the pinned path.
+NEEDED_FLAGS = frozenset({"avx2", "fma"})
+
+
+def threads(environ: MutableMapping[str, str] | None = None) -> int:
+    """The intra-op thread count of every stage and rank (``BAYESAVG_THREADS``)."""
+    env = os.environ if environ is None else environ
+    text = env.get(THREADS_ENV, str(DEFAULT_THREADS))
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(f"{THREADS_ENV}: must be a positive integer (got {text!r})")
+    return int(text)
+
+
+def mode(environ: MutableMapping[str, str] | None = None) -> str:
+    """``portable`` (the default: pinned instruction set) or ``native``."""
+    env = os.environ if environ is None else environ
+    value = env.get(MODE_ENV, "portable")
+    if value not in MODES:
+        raise UserError(f"{MODE_ENV}: must be one of {', '.join(MODES)} (got {value!r})")
+    return value
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (empty where it does not)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def can_pin(machine: str | None = None, flags: frozenset[str] | None = None) -> bool:
+    """Whether the AVX2 path exists here: an x86-64 CPU with AVX2 and FMA. Elsewhere
+    ATen would be told to run instructions the CPU lacks, so nothing is pinned."""
+    arch = (machine or platform.machine()).lower()
+    have = cpu_flags() if flags is None else flags
+    return arch in ("x86_64", "amd64") and have >= NEEDED_FLAGS
+
+
+def pin(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set the thread count and, in portable mode on an AVX2 CPU, the instruction set;
+    return what was set. Once torch is imported the libraries have read the environment,
+    so a change then is refused rather than silently not applied (a repeat is fine)."""
+    env = os.environ if environ is None else environ
+    settings = dict.fromkeys(THREAD_VARS, str(threads(env)))
+    if mode(env) == "portable" and can_pin():
+        settings.update(ISA_PINS)
+    changed = sorted(k for k, v in settings.items() if env.get(k) != v)
+    if changed and environ is None and "torch" in sys.modules:
+        raise RuntimeError(
+            f"bayesavg.numerics.pin() after torch was imported would change {', '.join(changed)}"
+        )
+    env.update(settings)
+    return settings
+
+
+def describe() -> dict[str, str]:
+    """What this process computes with, for MLflow and the report: the thread count,
+    the mode, and what torch dispatches to. Imports torch."""
+    import torch
+
+    return {
+        "threads": str(torch.get_num_threads()),
+        "numerics": mode(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "pinned": str(os.environ.get("ATEN_CPU_CAPABILITY") == ISA_PINS["ATEN_CPU_CAPABILITY"]),
+    }

@@ -1,0 +1,181 @@
+"""bayesavg.numerics and bayesavg.ieee: the same bytes whatever the x86-64 CPU.
+
+The decisive test runs the real training and evaluation code
+(``tests/numerics_probe.py``) natively and on emulated CPUs, an Intel Haswell
+(AVX2, no AVX-512) and an AMD EPYC, with ``qemu-x86_64``: every digest must be
+the same. It is skipped only where ``qemu-x86_64`` is missing (Debian:
+``apt-get install qemu-user``; ``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bayesavg import ieee, numerics
+from bayesavg.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = ROOT / "tests" / "numerics_probe.py"
+QEMU = shutil.which("qemu-x86_64")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment without the pins, so each probe pins for itself."""
+    drop = {*numerics.ISA_PINS, *numerics.THREAD_VARS, numerics.THREADS_ENV, numerics.MODE_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return {**env, **extra}
+
+
+def _probe(prefix: list[str], prepared: Path, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*prefix, sys.executable, str(PROBE), str(prepared)],
+        env=_env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _digests(proc: subprocess.Popen[str]) -> dict[str, object]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_pin_sets_the_threads_and_the_instruction_set() -> None:
+    env: dict[str, str] = {}
+    assert numerics.pin(env) == env
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(numerics.DEFAULT_THREADS)
+    if numerics.can_pin():
+        assert {k: env[k] for k in numerics.ISA_PINS} == numerics.ISA_PINS
+
+
+def test_native_mode_leaves_the_instruction_set_alone() -> None:
+    env = {numerics.MODE_ENV: "native", numerics.THREADS_ENV: "3"}
+    numerics.pin(env)
+    assert env["OMP_NUM_THREADS"] == "3"
+    assert not set(numerics.ISA_PINS) & set(env)
+
+
+def test_no_pins_where_the_avx2_path_does_not_exist() -> None:
+    avx2 = frozenset({"sse2", "avx", "avx2", "fma"})
+    assert numerics.can_pin("x86_64", avx2)
+    assert not numerics.can_pin("x86_64", frozenset({"sse2", "avx"}))  # would fault
+    assert not numerics.can_pin("aarch64", avx2)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("BAYESAVG_THREADS", "0", "BAYESAVG_THREADS: must be a positive integer (got '0')"),
+        ("BAYESAVG_THREADS", "two", "BAYESAVG_THREADS: must be a positive integer (got 'two')"),
+        ("BAYESAVG_NUMERICS", "fast", "BAYESAVG_NUMERICS: must be one of portable, native"),
+    ],
+)
+def test_bad_settings_are_one_line(var: str, value: str, message: str) -> None:
+    with pytest.raises(UserError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        numerics.pin({var: value})
+
+
+_EVALUATE = ["--posterior", "x", "--predictor", "map", "--data", "mnist5k", "--out"]
+
+
+def test_bad_setting_stops_the_command_with_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "bayesavg"),
+            "evaluate",
+            "--posterior",
+            "x",
+            "--predictor",
+            "map",
+            "--data",
+            "mnist5k",
+            "--out",
+            str(tmp_path / "m.json"),
+        ],
+        env=_env(BAYESAVG_THREADS="0"),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: BAYESAVG_THREADS: must be a positive integer (got '0')"
+    ]
+
+
+def test_a_change_after_torch_is_imported_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    numerics.pin()  # what conftest did: a repeat is fine
+    monkeypatch.setenv(numerics.THREADS_ENV, str(numerics.threads() + 1))
+    with pytest.raises(RuntimeError, match="after torch was imported would change"):
+        numerics.pin()
+
+
+def test_this_process_runs_as_pinned() -> None:
+    assert torch.get_num_threads() == numerics.threads()
+    if numerics.can_pin() and numerics.mode() == "portable":
+        assert torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+def _floats(n: int) -> torch.Tensor:
+    """Every exponent, random mantissas, and the edges: zero, subnormals, the largest."""
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 0x7F800000, (n,), generator=gen, dtype=torch.int64).to(torch.int32)
+    edges = torch.tensor([0.0, 1.0, 2.0, 4.0, 1e-45, 1.17549435e-38, 3.4028235e38, 1e-30])
+    return torch.cat([bits.view(torch.float32), edges])
+
+
+def test_ieee_sqrt_is_the_correctly_rounded_square_root() -> None:
+    x = _floats(1_000_000)
+    exact = torch.from_numpy(np.sqrt(x.numpy()))  # numpy: the hardware instruction
+    assert torch.equal(ieee.sqrt(x), exact)
+    assert ieee.sqrt(x).dtype == torch.float32
+
+
+def test_ieee_sqrt_of_other_dtypes_is_torchs() -> None:
+    x = _floats(1000).double()
+    assert torch.equal(ieee.sqrt(x), x.sqrt())
+
+
+def test_the_thread_count_not_the_cores_decides(mnist5k_prepared) -> None:
+    if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two cores")
+    out = mnist5k_prepared.out_dir
+    one_core = _probe(["taskset", "-c", "0"], out)
+    cores = _probe([], out)
+    assert _digests(one_core) == _digests(cores)
+
+
+@pytest.mark.skipif(QEMU is None, reason="qemu-x86_64 missing (apt-get install qemu-user)")
+@pytest.mark.parametrize(
+    "cpu",
+    [
+        "Haswell",  # Intel: AVX2, no AVX-512
+        pytest.param("EPYC", marks=pytest.mark.slow),  # AMD (Zen 1): AVX2; ~35 s more
+    ],
+)
+def test_an_emulated_cpu_computes_the_native_bytes(mnist5k_prepared, cpu: str) -> None:
+    """The emulated run and the native one side by side: every digest equal."""
+    out = mnist5k_prepared.out_dir
+    emulated = _probe([str(QEMU), "-cpu", cpu], out)
+    native = _digests(_probe([], out))
+    assert native["settings"]["cpu_capability"] == "AVX2"  # type: ignore[index]
+    assert _digests(emulated) == native
+
+
+def test_without_the_pins_the_bytes_follow_the_cpu(mnist5k_prepared) -> None:
+    """The control: on a CPU with AVX-512, torch's own choice changes the probe's bytes."""
+    out = mnist5k_prepared.out_dir
+    native = _digests(_probe([], out, BAYESAVG_NUMERICS="native"))
+    if native["settings"]["cpu_capability"] == "AVX2":  # type: ignore[index]
+        pytest.skip("this CPU has no AVX-512: native and pinned are the same path")
+    assert _digests(_probe([], out))["pretrain"] != native["pretrain"]

@@ -26,7 +26,7 @@ from bayesavg import launch, numerics
 from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
 from bayesavg.entry import run_entry
-from bayesavg.io import sha256_file, write_json
+from bayesavg.io import sha256_file, write_csv, write_json
 from bayesavg.tracking import default_store, git_commit, source_tags
 from bayesavg.tracking_worker import Tracker
 
@@ -103,6 +103,16 @@ def raw_params() -> dict[str, Any]:
     return yaml.safe_load(PARAMS.read_text(encoding="utf-8"))
 
 
+# Wall-clock columns of a training history: MLflow gets them (``log_history``), the
+# DVC outputs do not, since their bytes must be what any rerun reproduces.
+CLOCK_COLUMNS = ("seconds",)
+
+
+def write_history(path: Path, history: Sequence[Mapping[str, float]]) -> None:
+    """A training history as a DVC plot file: every column but the wall clock."""
+    write_csv(path, [{k: v for k, v in row.items() if k not in CLOCK_COLUMNS} for row in history])
+
+
 def run_file(stage: str) -> Path:
     return RUNS / f"{stage}.json"
 
@@ -177,8 +187,10 @@ def tracked(
 ) -> Iterator[Any]:
     """An MLflow run named after the DVC stage; its id goes to ``id_file``.
 
-    ``id_file`` defaults to ``runs/<stage>.json``, a DVC output, so a stage
-    that DVC skips keeps the link to the run that made its outputs.
+    ``id_file`` defaults to ``runs/<stage>.json``: the workspace's ledger of the
+    runs that made its outputs, which a stage DVC skips keeps. It is not a DVC
+    output: a run id and timings change with every execution, and every DVC
+    output's bytes must be what a rerun on another machine reproduces.
     ``inputs``: files this stage reads that earlier stages wrote; the run
     is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
     ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags.
@@ -284,7 +296,7 @@ def reused_runs(stage: str) -> dict[str, str]:
     """Every other stage's run as its id file records it (the run that made the outputs in
     this workspace): what an execution reused unless it ran that stage itself."""
     found = {}
-    for file in [*sorted(RUNS.glob("*.json")), Path("reports/run.json")]:
+    for file in sorted(RUNS.glob("*.json")):
         try:
             record = json.loads(file.read_text())
         except (OSError, ValueError):

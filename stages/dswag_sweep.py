@@ -10,7 +10,16 @@ model, DSWA and DSWAG, and the posterior (models/<trajectory>_w<W>). Runs on
 import sys
 from pathlib import Path
 
-from _common import MANIFEST, PREPARED, delegated, main, mark_outputs, params, tracked
+from _common import (
+    MANIFEST,
+    PREPARED,
+    delegated,
+    main,
+    mark_outputs,
+    params,
+    tracked,
+    write_history,
+)
 
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json
@@ -98,7 +107,7 @@ def run() -> None:
             batch_size=p.evaluate.batch_size,
         )
         out = Path("plots/dswag_sweep") / str(w)
-        write_csv(out / "rounds.csv", result.history)
+        write_history(out / "rounds.csv", result.history)
         write_csv(out / "sigma_distance.csv", distance)
         write_json(Path("metrics/dswag_sweep") / f"{w}.json", metrics)
         model = Path("models") / name / "posterior.pt"

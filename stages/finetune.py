@@ -22,10 +22,10 @@ from _common import (
     params,
     stage_checkpoint,
     tracked,
+    write_history,
 )
 
 from bayesavg.errors import UserError
-from bayesavg.io import write_csv
 
 
 def run() -> None:
@@ -74,7 +74,7 @@ def run() -> None:
         result = work(prepared, start, ckpt)
         assert result is not None
         save_posterior(out, result.posterior)
-        write_csv(history, result.history)
+        write_history(history, result.history)
         mark_outputs(mlrun, [out])
         mlrun.log_history(result.history)
         post = result.posterior

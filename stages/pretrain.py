@@ -8,6 +8,7 @@ its share of the members; rank 0 tracks and writes.
 from pathlib import Path
 
 from _common import (
+    CLOCK_COLUMNS,
     MANIFEST,
     PREPARED,
     delegated,
@@ -16,9 +17,10 @@ from _common import (
     params,
     stage_checkpoint,
     tracked,
+    write_history,
 )
 
-from bayesavg.io import sha256_file, write_csv, write_json, write_text
+from bayesavg.io import sha256_file, write_json, write_text
 
 OUT = Path("models/pretrain/posterior.pt")
 
@@ -53,10 +55,9 @@ def run() -> None:
         assert result is not None
         save_posterior(OUT, result.posterior)
         write_text(OUT.with_suffix(".sha256"), f"{sha256_file(OUT)}  {OUT.name}\n")
-        write_csv("plots/pretrain.csv", result.history)
+        write_history(Path("plots/pretrain.csv"), result.history)
         last = result.history[-1]
-        final = {k: v for k, v in last.items() if k not in ("epoch", "lr", "seconds")}
-        final["seconds"] = sum(row["seconds"] for row in result.history)
+        final = {k: v for k, v in last.items() if k not in ("epoch", "lr", *CLOCK_COLUMNS)}
         write_json("metrics/pretrain.json", final)
         mark_outputs(mlrun, [OUT])
         mlrun.log_history(result.history)

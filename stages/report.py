@@ -162,6 +162,24 @@ def _landscape(p: Params) -> Landscape | None:
     return Landscape(lines=lines, rays=rays, swag=swag)
 
 
+def tracked_stages(p: Params) -> list[str]:
+    """dvc.yaml's tracked stages for these params, in pipeline order."""
+    ev, land = p.evaluate, p.evaluate.landscape
+    return [
+        "data",
+        "pretrain",
+        "init",
+        *(f"finetune@{t}" for t in p.finetune),
+        *(f"evaluate@{n}" for n in ev.predictors),
+        *(f"dswag_sweep@{w}" for w in ev.dswag_sweep.workers),
+        *(f"plane@{t}" for t in ev.plane.trajectories),
+        *(f"line@{n}" for n in land.lines),
+        *(f"rays@{c}" for c in land.rays.centres),
+        *(f"swag_directions@{t}" for t in land.swag.trajectories),
+        "report",
+    ]
+
+
 def run() -> None:
     p = params()
     predictors = [
@@ -179,10 +197,11 @@ def run() -> None:
     ]
     histories = {"pretrain": _csv(Path("plots/pretrain.csv"))}
     histories.update({t: _csv(Path("plots/finetune") / f"{t}.csv") for t in p.finetune})
+    # This workspace's runs (not DVC outputs): for MLflow's links, never for the report.
     run_ids = {
         f.stem: json.loads(f.read_text())["run_id"]
         for f in sorted(RUNS.glob("*.json"))
-        if f.stem != "validate"
+        if f.stem not in ("validate", "report")
     }
     manifest = json.loads(MANIFEST.read_text())
     inputs = ReportInputs(
@@ -190,7 +209,7 @@ def run() -> None:
         predictors=predictors,
         histories=histories,
         params=raw_params(),
-        run_ids=run_ids,
+        stages=tracked_stages(p),
         baseline="map" if "map" in p.evaluate.predictors else next(iter(p.evaluate.predictors)),
         notes=p.report.notes,
         pairs=_pairs(p),
@@ -205,7 +224,7 @@ def run() -> None:
     )
     upstream = {f"upstream.{stage}": run_id for stage, run_id in run_ids.items()}
     logged = {"report": p.report.model_dump()}
-    with tracked("report", p, logged, id_file=OUT / "run.json", tags=upstream) as mlrun:
+    with tracked("report", p, logged, tags=upstream) as mlrun:
         paths = write_report(inputs, OUT)
         for path in paths.values():
             mlrun.log_artifact(path, "report")

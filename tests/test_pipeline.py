@@ -276,7 +276,6 @@ _NOT_PIPELINE = (
     "mlartifacts/",
     "checkpoints/",
     "runs/",
-    "reports/run.json",
 )
 
 
@@ -334,7 +333,7 @@ def test_mlflow_runs(repo: Path) -> None:
         assert run.info.status == "FINISHED"
         assert run.data.tags["dvc_stage"] == stage
         assert len(run.data.tags["git_commit"]) >= 40
-        run_file = repo / ("reports/run.json" if stage == "report" else f"runs/{stage}.json")
+        run_file = repo / f"runs/{stage}.json"
         assert json.loads(run_file.read_text())["run_id"] == run.info.run_id
     swag = by_name["evaluate@swag"]
     assert swag.data.tags["mlflow.source.name"] == "stages/evaluate.py"
@@ -381,6 +380,28 @@ def test_mlflow_runs(repo: Path) -> None:
     artifacts = repo / "mlartifacts"
     assert any(artifacts.rglob("report.html"))
     assert any(artifacts.rglob("posterior.pt"))
+
+
+def _out_files(repo: Path) -> list[Path]:
+    """Every file of every DVC output in dvc.lock."""
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    paths = [repo / o["path"] for stage in lock.values() for o in stage.get("outs", [])]
+    return [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*")))]
+
+
+def test_outputs_hold_no_run_ids_or_wall_clock(repo: Path) -> None:
+    """What changes with every execution stays out of the DVC outputs, whose bytes a
+    rerun on any machine must reproduce: no run id, no timing column."""
+    run_ids = [r.info.run_id for r in _runs(repo)]
+    files = _out_files(repo)
+    assert any(f.suffix == ".csv" for f in files) and any(f.suffix == ".md" for f in files)
+    for f in files:
+        if f.suffix not in (".json", ".csv", ".md", ".html", ".sha256"):
+            continue
+        text = f.read_text(encoding="utf-8")
+        assert not [r for r in run_ids if r in text], f
+        if f.suffix == ".csv":
+            assert "seconds" not in text.splitlines()[0].split(","), f
 
 
 def test_second_repro_does_nothing(repo: Path) -> None:

@@ -105,9 +105,10 @@ def _figures(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
 
 
 def _appendix(inputs: ReportInputs) -> list[Block]:
-    """Tuning notes, the parameters and the MLflow runs: how to reproduce the run."""
+    """Tuning notes, the parameters and where the MLflow runs are: how to reproduce the run."""
     runs = Table(
-        ["Stage", "MLflow run id"], [[Cell(s), Cell(r)] for s, r in inputs.run_ids.items()]
+        ["Stage", "MLflow search filter"],
+        [[Cell(s), Cell(f"tags.dvc_stage = '{s}'")] for s in inputs.stages],
     )
     return [
         Heading(2, "Tuning"),
@@ -115,6 +116,12 @@ def _appendix(inputs: ReportInputs) -> list[Block]:
         Heading(2, "Parameters"),
         Preformatted(yaml.safe_dump(inputs.params, sort_keys=False), "yaml"),
         Heading(2, "MLflow runs"),
+        Paragraph(
+            "Every stage is an MLflow run named after it, and each `dvc repro` one parent "
+            "run over its stages. Run ids change with every execution, so they are not "
+            "in this report, whose bytes a rerun reproduces: the workspace's are in "
+            "`runs/<stage>.json`, and each stage's runs are found by the filter below."
+        ),
         TableBlock(runs),
     ]
 

@@ -185,14 +185,16 @@ class ReportInputs:
     and, for averaging runs, avg_test_loss, avg_test_accuracy); ``planes``
     maps a trajectory to its loss plane; ``dswag_sweep`` holds the DSWAG
     worker sweep, one point per number of workers W (in increasing W).
-    Figures without data are left out.
+    Figures without data are left out. Nothing here changes from one execution
+    to the next (no run ids, no timings): the report is a DVC output whose bytes
+    a rerun on any machine reproduces.
     """
 
     title: str
     predictors: list[PredictorResult]
     histories: dict[str, list[dict[str, float]]]
     params: dict[str, Any]
-    run_ids: dict[str, str]
+    stages: list[str]  # the pipeline's tracked stages, each an MLflow run per execution
     baseline: str = "map"
     notes: str = ""
     dataset_summary: dict[str, Any] = field(default_factory=dict)

@@ -3,9 +3,8 @@
 Runs on `BAYESAVG_NPROC` processes like finetune (torchrun; default 1: this
 process): every rank loads the same inputs and predicts with the posterior
 samples it owns; rank 0 combines them in sample order (bitwise what one
-process gives), measures sharpness, tracks and writes. Under torchrun every rank
-runs with `BAYESAVG_THREADS` intra-op threads (``distributed.join``); one process
-keeps torch's own count, as pretrain and finetune do.
+process gives), measures sharpness, tracks and writes. Every rank, and the single
+process, runs `BAYESAVG_THREADS` intra-op threads (``bayesavg.numerics``).
 """
 
 from __future__ import annotations

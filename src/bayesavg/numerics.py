@@ -31,9 +31,9 @@ from .errors import UserError
 THREADS_ENV = "BAYESAVG_THREADS"
 MODE_ENV = "BAYESAVG_NUMERICS"
 MODES = ("portable", "native")
-# Measured on a 2-core machine (benchmarks/numerics.py, README "Numerics"): 2 threads
-# run the default pipeline's stages faster than 1; a fixed count, not the core count,
-# so a machine with any number of cores computes the same bytes.
+# Measured on a 2-core machine (README, "The same bytes on another machine"): with 2
+# threads a stage takes 0.69-0.74x the time it takes with 1. A fixed count, not the
+# core count, so a machine with any number of cores computes the same bytes.
 DEFAULT_THREADS = 2
 # The variables ATen, oneDNN and MKL read at start-up: AVX2 kernels everywhere, and
 # MKL's conditional numerical reproducibility, so Intel and AMD CPUs take one path.

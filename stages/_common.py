@@ -294,9 +294,17 @@ def execution() -> dict[str, str] | None:
 
 def reused_runs(stage: str) -> dict[str, str]:
     """Every other stage's run as its id file records it (the run that made the outputs in
-    this workspace): what an execution reused unless it ran that stage itself."""
+    this workspace): what an execution reused unless it ran that stage itself.
+
+    The id files are not DVC outputs, so a ``dvc exp run --temp`` or ``--queue``
+    workspace holds only those of the stages it ran; the others are the ones its
+    baseline reused, recorded in the project's own workspace (``DVC_ROOT``).
+    """
     found = {}
-    for file in sorted(RUNS.glob("*.json")):
+    files = sorted(RUNS.glob("*.json"))
+    here = {f.name for f in files}
+    files += sorted(f for f in (project_root() / RUNS).glob("*.json") if f.name not in here)
+    for file in files:
         try:
             record = json.loads(file.read_text())
         except (OSError, ValueError):

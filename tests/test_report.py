@@ -197,8 +197,8 @@ def test_tables_list_every_predictor_with_percent_accuracy(
     assert "**0.1234**" in md and "<strong>0.1234</strong>" in page
     assert "**97.50**" not in md
     for stage in inputs.stages:
-        assert f"| {stage} | tags.dvc_stage = '{stage}' |" in md
-        assert f"<td>{stage}</td>" in page
+        assert f"| tags.dvc_stage = '{stage}' |" in md
+        assert f"<td>tags.dvc_stage = &#39;{stage}&#39;</td>" in page
 
 
 def test_tempered_vi_is_labelled(

@@ -24,9 +24,9 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
+from . import numerics
 from .entry import setup_logging
 from .errors import UserError
-from .numerics import threads
 
 NPROC_ENV = "BAYESAVG_NPROC"
 ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
@@ -62,9 +62,9 @@ def relaunch(argv: Sequence[str]) -> None:
 
     errors = tempfile.mkdtemp(prefix="bayesavg-ranks-")
     os.environ[ERRORS_ENV] = errors
-    # The ranks inherit the environment: the same thread count and instruction set
-    # (``numerics.pin``, done before this process imported torch).
-    os.environ["OMP_NUM_THREADS"] = str(threads())
+    # The ranks are new processes that inherit the environment: the thread count and
+    # instruction set apply to them even where this process imported torch unpinned.
+    numerics.pin(os.environ)
     # torchrun's own account of a failure ("failed (exitcode: 2) local_rank: 1 ...") is a
     # consequence of the rank's error, which is reported instead. Its loggers set their
     # own levels, so each is silenced, not just the parent.

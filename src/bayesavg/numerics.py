@@ -36,7 +36,8 @@ MODES = ("portable", "native")
 # core count, so a machine with any number of cores computes the same bytes.
 DEFAULT_THREADS = 2
 # The variables ATen, oneDNN and MKL read at start-up: AVX2 kernels everywhere, and
-# MKL's conditional numerical reproducibility, so Intel and AMD CPUs take one path.
+# MKL's conditional numerical reproducibility for its BLAS. (MKL's vector math ignores
+# it on this project's AMD CPU: hence ``bayesavg.ieee``.)
 ISA_PINS = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",

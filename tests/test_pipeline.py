@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -402,6 +403,15 @@ def test_outputs_hold_no_run_ids_or_wall_clock(repo: Path) -> None:
         assert not [r for r in run_ids if r in text], f
         if f.suffix == ".csv":
             assert "seconds" not in text.splitlines()[0].split(","), f
+
+
+def test_report_names_the_filter_of_every_stage_that_ran(repo: Path) -> None:
+    """The report's list of stages (built from params) is dvc.yaml's: every stage that
+    ran, once, each with the filter that finds its MLflow runs."""
+    md = (repo / "reports/report.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| tags\.dvc_stage = '([^']+)' \|$", md, re.M)
+    assert sorted(listed) == sorted(STAGES)
+    assert {r.data.tags["dvc_stage"] for r in _stage_runs(_runs(repo))} == set(listed)
 
 
 def test_second_repro_does_nothing(repo: Path) -> None:

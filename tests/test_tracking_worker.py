@@ -58,14 +58,33 @@ def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
 ) -> None:
     tracker = Tracker.spawn(*store)
     tracker.send("start", run_name="s", experiment="e", tags={}, inputs={}, resume=None)
-    tracker.send("run_id")
-    run_id = tracker.receive()["run_id"]
+    run_id = tracker.receive()["run_id"]  # the worker answers a start with the run's id
     tracker.close()  # what SIGKILL does to the stage's end of the pipe
     assert _run(store, run_id).info.status == "KILLED"
     with Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}, resume=run_id) as run:
         run.log_metrics({"resumed": 1.0})
     assert run.run_id == run_id
     assert _run(store, run_id).info.status == "FINISHED"
+
+
+def test_one_worker_serves_runs_one_after_another(store: tuple[str, str]) -> None:
+    """A stage with several units (the predictors of one trajectory) keeps one worker:
+    each run gets its own id, metrics and FINISHED status, whatever order ids are read."""
+    tracker = Tracker.spawn(*store)
+    runs = []
+    for name in ("evaluate@a", "evaluate@b", "evaluate@c"):
+        with tracker.run(name, experiment="e", tags={}, inputs={}, close=False) as run:
+            run.log_metrics({"nll": float(len(runs))})
+        runs.append(run)
+    tracker.close()
+    ids = [r.run_id for r in runs]
+    assert len(set(ids)) == 3
+    for i, (run_id, name) in enumerate(
+        zip(ids, ("evaluate@a", "evaluate@b", "evaluate@c"), strict=True)
+    ):
+        got = _run(store, run_id)
+        assert got.info.run_name == name and got.info.status == "FINISHED"
+        assert got.data.metrics == {"nll": float(i)}
 
 
 def test_upstream_runs_are_found_by_the_bytes_they_wrote(store: tuple[str, str]) -> None:

@@ -6,10 +6,12 @@ starts this worker first (``Tracker.spawn``): the worker imports mlflow
 and opens the store on one core while the stage imports torch on the
 other. The stage then talks to it through ``RemoteRun``, which has the
 methods of ``tracking.Run``; calls are JSON lines on the worker's stdin,
-executed in order, and only ``run_id`` waits for an answer. When the stage
-ends, its run is marked FINISHED or FAILED; if the stage dies without
-saying (SIGKILL), the worker sees its stdin close and marks the run KILLED,
-and a resumed stage reopens it.
+executed in order. The worker answers each ``start`` with the run's id, which
+the stage reads only when it needs it. One worker serves the runs of a stage
+one after another (a stage that evaluates several predictors gives each its
+own run). When a run ends it is marked FINISHED or FAILED; if the stage dies
+without saying (SIGKILL), the worker sees its stdin close and marks the open
+run KILLED, and a resumed stage reopens it.
 
 ``python -m bayesavg.tracking_worker URI ARTIFACT_LOCATION`` runs the worker.
 """
@@ -38,6 +40,8 @@ class Tracker:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self._proc = proc
+        self._started = 0  # runs started: the worker answers each start with its id
+        self._ids: list[str] = []  # the answers read so far, in order
 
     @classmethod
     def spawn(cls, tracking_uri: str, artifact_location: str) -> Tracker:
@@ -63,6 +67,17 @@ class Tracker:
         if not line:
             raise TrackingError(self._failure())
         return json.loads(line)
+
+    def started(self) -> int:
+        """Start a run (the ``start`` op's fields); its index among this worker's runs."""
+        self._started += 1
+        return self._started - 1
+
+    def run_id(self, index: int) -> str:
+        """The id of run ``index``: waits until the worker has opened it."""
+        while len(self._ids) <= index:
+            self._ids.append(str(self.receive()["run_id"]))
+        return self._ids[index]
 
     def _failure(self) -> str:
         code = self._proc.wait()
@@ -92,12 +107,15 @@ class Tracker:
         resume: str | None = None,
         start_time: int | None = None,
         parent: Mapping[str, str] | None = None,
+        close: bool = True,
     ) -> Iterator[RemoteRun]:
         """Start a run in the worker, yield it, end it FINISHED (FAILED on an exception).
 
         ``start_time`` (ms since the epoch): when the stage started, so the run's
         duration in MLflow covers the stage, not only the part after the worker
-        was ready.
+        was ready. ``close``: wait for the worker to finish and stop after a
+        FINISHED run; without it the worker goes on serving the stage's next run,
+        and the stage calls ``close`` at its end. A FAILED run always closes.
         """
         self.send(
             "start",
@@ -109,7 +127,7 @@ class Tracker:
             start_time=start_time,
             parent=dict(parent) if parent else None,
         )
-        run = RemoteRun(self)
+        run = RemoteRun(self, self.started())
         try:
             yield run
         except BaseException:
@@ -119,22 +137,20 @@ class Tracker:
             raise
         _ = run.run_id  # known to the stage after the worker is gone (the run id file)
         self.send("end", status="FINISHED")
-        self.close()
+        if close:
+            self.close()
 
 
 class RemoteRun:
     """``tracking.Run``'s methods, carried out by the worker in the order called."""
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, index: int) -> None:
         self._tracker = tracker
-        self._run_id: str | None = None
+        self._index = index
 
     @property
     def run_id(self) -> str:
-        if self._run_id is None:
-            self._tracker.send("run_id")
-            self._run_id = str(self._tracker.receive()["run_id"])
-        return self._run_id
+        return self._tracker.run_id(self._index)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         self._tracker.send("log_params", params=_plain(params))
@@ -217,14 +233,13 @@ def serve(tracking_uri: str, artifact_location: str, stdin: IO[str], stdout: IO[
                 artifact_location=artifact_location,
                 **msg,
             )
+            ended = False
+            stdout.write(json.dumps({"run_id": run.run_id}) + "\n")
+            stdout.flush()
         elif op == "end":
             assert run is not None
             run.terminate(msg["status"])
             ended = True
-        elif op == "run_id":
-            assert run is not None
-            stdout.write(json.dumps({"run_id": run.run_id}) + "\n")
-            stdout.flush()
         else:
             assert run is not None
             getattr(run, op)(**msg)

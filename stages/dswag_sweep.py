@@ -1,14 +1,23 @@
-"""Stage `dswag_sweep@<W>`: the dswag trajectory re-run on W clients (DSWAG paper, Figs 5-7).
+"""Stage `dswag_sweep`: the dswag trajectory re-run on W clients (DSWAG paper, Figs 5-7),
+for every W in `evaluate.dswag_sweep.workers`, each W its own MLflow run
+(`dswag_sweep@<W>`), metrics and plot files.
 
 Phase 1 stops at `evaluate.dswag_sweep.target_accuracy` or after its
 `rounds`; everything else is the trajectory's. Writes the per-round history,
 the accuracy at theta_bar + m sigma z, the test metrics of the FedAvg
-model, DSWA and DSWAG, and the posterior (models/<trajectory>_w<W>). Runs on
-`BAYESAVG_NPROC` processes like finetune.
+model, DSWA and DSWAG, and the posterior (models/<trajectory>_sweep/w<W>).
+Runs on `BAYESAVG_NPROC` processes like finetune: every rank goes through
+the W in order.
+
+    python stages/dswag_sweep.py          # every W
+    python stages/dswag_sweep.py <W>      # one of them
 """
+
+from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _common import (
     MANIFEST,
@@ -24,7 +33,21 @@ from _common import (
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json
 
+if TYPE_CHECKING:
+    import torch
+
+    from bayesavg.config import DSWAGTrajectory, Params
+    from bayesavg.data import Prepared
+    from bayesavg.posterior_file import PosteriorFile
+
 PREDICTORS = {"fedavg": "map", "dswa": "swa", "dswag": "swag"}
+METRICS = Path("metrics/dswag_sweep")
+PLOTS = Path("plots/dswag_sweep")
+
+
+def sweep_model(trajectory: str, w: int) -> Path:
+    """Where the sweep keeps the posterior of W clients (one DVC output folder for all W)."""
+    return Path("models") / f"{trajectory}_sweep" / f"w{w}" / "posterior.pt"
 
 
 def run() -> None:
@@ -32,29 +55,57 @@ def run() -> None:
     from bayesavg.data import load_prepared
     from bayesavg.distributed import local_device
     from bayesavg.dswag import finetune_dswag
-    from bayesavg.evaluate import bn_subset, evaluate
-    from bayesavg.posterior_file import load_posterior, save_posterior
-    from bayesavg.seeding import derive_seed, resolve_device
-    from bayesavg.sweep import rounds_to_target, sigma_distance
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.seeding import resolve_device
 
     p = params()
     sweep = p.evaluate.dswag_sweep
     workers = [str(w) for w in sweep.workers]
-    if len(sys.argv) != 2 or sys.argv[1] not in workers:
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] not in workers):
         listed = ", ".join(workers) or "none: list them in evaluate.dswag_sweep.workers"
-        raise UserError(f"usage: dswag_sweep.py <workers>, one of {listed}")
-    w = int(sys.argv[1])
+        raise UserError(f"usage: dswag_sweep.py [<workers>], one of {listed}")
+    chosen = [int(sys.argv[1])] if len(sys.argv) == 2 else list(sweep.workers)
     base = p.finetune[sweep.trajectory]
-    phase1 = base.phase1.model_copy(
-        update={"rounds": sweep.rounds, "target_accuracy": sweep.target_accuracy}
-    )
-    traj = base.model_copy(update={"clients": w, "phase1": phase1})
-    name = f"{sweep.trajectory}_w{w}"
     start_file = Path("models") / base.start / "posterior.pt"
     device = local_device(resolve_device(p.device))
     start = load_posterior(start_file)
-    if delegated(lambda: finetune_dswag(p, name, load_prepared(PREPARED), start, device, traj)):
+
+    def variant(w: int) -> tuple[str, DSWAGTrajectory]:
+        phase1 = base.phase1.model_copy(
+            update={"rounds": sweep.rounds, "target_accuracy": sweep.target_accuracy}
+        )
+        return f"{sweep.trajectory}_w{w}", base.model_copy(update={"clients": w, "phase1": phase1})
+
+    def share() -> None:
+        data = load_prepared(PREPARED)
+        for w in chosen:
+            finetune_dswag(p, variant(w)[0], data, start, device, variant(w)[1])
+
+    if delegated(share):
         return
+    data = load_prepared(PREPARED)
+    for w in chosen:
+        _point(p, w, *variant(w), data, start, start_file, device)
+
+
+def _point(
+    p: Params,
+    w: int,
+    name: str,
+    traj: DSWAGTrajectory,
+    data: Prepared,
+    start: PosteriorFile,
+    start_file: Path,
+    device: torch.device,
+) -> None:
+    """Train the sweep's trajectory on ``w`` clients, evaluate it, write its files."""
+    from bayesavg.dswag import finetune_dswag
+    from bayesavg.evaluate import bn_subset, evaluate
+    from bayesavg.posterior_file import save_posterior
+    from bayesavg.seeding import derive_seed
+    from bayesavg.sweep import rounds_to_target, sigma_distance
+
+    sweep = p.evaluate.dswag_sweep
     stage = f"dswag_sweep@{w}"
     logged = {
         "workers": w,
@@ -63,7 +114,6 @@ def run() -> None:
         "n_samples": p.evaluate.n_samples,
     }
     with tracked(stage, p, logged, [MANIFEST, start_file]) as mlrun:
-        data = load_prepared(PREPARED)
         result = finetune_dswag(p, name, data, start, device, traj)
         assert result is not None
         posterior = result.posterior
@@ -106,11 +156,10 @@ def run() -> None:
             bn_x=bn_x,
             batch_size=p.evaluate.batch_size,
         )
-        out = Path("plots/dswag_sweep") / str(w)
-        write_history(out / "rounds.csv", result.history)
-        write_csv(out / "sigma_distance.csv", distance)
-        write_json(Path("metrics/dswag_sweep") / f"{w}.json", metrics)
-        model = Path("models") / name / "posterior.pt"
+        write_history(PLOTS / "rounds" / f"{w}.csv", result.history)
+        write_csv(PLOTS / "sigma_distance" / f"{w}.csv", distance)
+        write_json(METRICS / f"{w}.json", metrics)
+        model = sweep_model(sweep.trajectory, w)
         save_posterior(model, posterior)
         mark_outputs(mlrun, [model])
         mlrun.log_history(result.history)
@@ -124,8 +173,8 @@ def run() -> None:
         if metrics["rounds_to_target"] is not None:
             flat["rounds_to_target"] = float(metrics["rounds_to_target"])
         mlrun.log_metrics(flat)
-        mlrun.log_artifact(out / "rounds.csv", "plots")
-        mlrun.log_artifact(out / "sigma_distance.csv", "plots")
+        mlrun.log_artifact(PLOTS / "rounds" / f"{w}.csv", "plots")
+        mlrun.log_artifact(PLOTS / "sigma_distance" / f"{w}.csv", "plots")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,19 @@
-"""Stages `line@<name>`, `rays@<trajectory>`, `swag_directions@<trajectory>`: the loss
-landscape around posterior centres (SWA paper §4, DSWAG Figs. 4 and 6; ALGORITHMS §6).
+"""Stage `landscape`: the loss landscape around posterior centres (SWA paper §4, DSWAG
+Figs. 4 and 6; ALGORITHMS §6) and the loss planes of snapshots (HWA paper).
+
+Every probe is a unit with its own MLflow run, metrics and plot files, named as
+``plane@<trajectory>``, ``line@<name>``, ``rays@<trajectory>`` and
+``swag_directions@<trajectory>``; one process runs them all, in that order, on
+data it loads once (one DVC stage: a stage per probe cost more in start-up and
+DVC bookkeeping than most probes compute).
 
 A trajectory's centre is ``bayesavg.sampling.trajectory_centre`` (the SWA or HWA mean,
 else the final weights). BatchNorm is recomputed at every point from the evaluate
 stages' images; on a network with BatchNorm the SGD end therefore differs from the
 map predictor, which keeps its trained statistics.
 
-    python stages/landscape.py line <name>                 # evaluate.landscape.lines.<name>
-    python stages/landscape.py rays <trajectory>           # evaluate.landscape.rays.centres
-    python stages/landscape.py swag_directions <trajectory>
+    python stages/landscape.py                 # every probe the params list
+    python stages/landscape.py <kind> <name>   # one: plane, line, rays or swag_directions
 """
 
 import sys
@@ -23,29 +28,34 @@ from bayesavg.io import write_csv, write_json
 
 PLOTS = Path("plots/landscape")
 METRICS = Path("metrics/landscape")
-KINDS = ("line", "rays", "swag_directions")
+PLANES = Path("plots/plane")
+KINDS = ("plane", "line", "rays", "swag_directions")
 
 
 def _listed(p: Params, kind: str) -> list[str]:
     land = p.evaluate.landscape
     return {
+        "plane": p.evaluate.plane.trajectories,
         "line": list(land.lines),
         "rays": land.rays.centres,
         "swag_directions": land.swag.trajectories,
     }[kind]
 
 
-def _args(p: Params) -> tuple[str, str]:
+def _units(p: Params) -> list[tuple[str, str]]:
+    """(kind, name) of the probes to run: all listed, or the one the command line names."""
+    if len(sys.argv) == 1:
+        return [(kind, name) for kind in KINDS for name in _listed(p, kind)]
     if len(sys.argv) != 3 or sys.argv[1] not in KINDS:
-        raise UserError(f"usage: landscape.py {{{'|'.join(KINDS)}}} <name>")
+        raise UserError(f"usage: landscape.py [{{{'|'.join(KINDS)}}} <name>]")
     kind, name = sys.argv[1:]
     listed = _listed(p, kind)
     if name not in listed:
         raise UserError(
-            f"landscape.py {kind}: {name!r} is not listed in evaluate.landscape "
-            f"({', '.join(listed) or 'none'})"
+            f"landscape.py {kind}: {name!r} is not listed in evaluate.landscape or "
+            f"evaluate.plane ({', '.join(listed) or 'none'})"
         )
-    return kind, name
+    return [(kind, name)]
 
 
 def _posterior_file(trajectory: str) -> Path:
@@ -53,7 +63,16 @@ def _posterior_file(trajectory: str) -> Path:
 
 
 class _Context:
-    """The fixed data every landscape point is evaluated on, and the seeded parts."""
+    """The fixed data every landscape point is evaluated on, and the seeded parts: the same
+    for every probe (every trajectory trains the params' one model), so built once."""
+
+    _built: "_Context | None" = None
+
+    @classmethod
+    def of(cls, p: Params, like: Any) -> "_Context":
+        if cls._built is None:
+            cls._built = cls(p, like)
+        return cls._built
 
     def __init__(self, p: Params, like: Any) -> None:
         from bayesavg.data import load_prepared
@@ -88,7 +107,7 @@ def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
     spec = p.evaluate.landscape.lines[name]
     a, b = load_posterior(_posterior_file(spec.a)), load_posterior(_posterior_file(spec.b))
     (a_kind, theta_a), (b_kind, theta_b) = trajectory_centre(a), trajectory_centre(b)
-    ctx = _Context(p, a)
+    ctx = _Context.of(p, a)
     rows = line(
         for_inference(a.build_model(ctx.device)),
         theta_a.to(ctx.device),
@@ -130,7 +149,7 @@ def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
     rp = p.evaluate.landscape.rays
     posterior = load_posterior(_posterior_file(name))
     kind, theta = trajectory_centre(posterior)
-    ctx = _Context(p, posterior)
+    ctx = _Context.of(p, posterior)
     model = for_inference(posterior.build_model(ctx.device))
     theta = theta.to(ctx.device)
     # The same seeded directions from every centre: the seed names no trajectory.
@@ -176,7 +195,7 @@ def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, fl
     posterior = load_posterior(_posterior_file(name))
     if posterior.collector is None:
         raise UserError(f"swag_directions: trajectory {name!r} has no SWAG snapshots")
-    ctx = _Context(p, posterior)
+    ctx = _Context.of(p, posterior)
     model = for_inference(posterior.build_model(ctx.device))
     mean = SWAG.from_state_dict(posterior.collector, device=ctx.device).mean
     vectors, sigmas = principal_directions(posterior.collector, sp.directions)
@@ -209,13 +228,69 @@ def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, fl
     return summary, logged, [folder / "directions.csv", folder / "sigma_distance.csv", out]
 
 
-RUNNERS = {"line": _line, "rays": _rays, "swag_directions": _swag_directions}
+def _plane(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
+    from bayesavg.data import load_prepared
+    from bayesavg.models import for_inference
+    from bayesavg.plane import loss_plane
+    from bayesavg.posterior_file import load_posterior
+    from bayesavg.seeding import derive_seed, resolve_device
+
+    pp = p.evaluate.plane
+    device = resolve_device(p.device)
+    data = load_prepared(PREPARED)
+    posterior = load_posterior(_posterior_file(name))
+    state = posterior.hwa["mu"] if posterior.hwa else posterior.collector
+    if state is None:
+        raise UserError(f"plane: trajectory {name!r} has no snapshots in its posterior file")
+    part = data.train.random_subset(pp.n_points, derive_seed(p.seed, "plane"))
+    x = posterior.model_input(part.x, device)
+    # BatchNorm statistics at each point come from the same fixed training subset.
+    result = loss_plane(
+        for_inference(posterior.build_model(device)),
+        state,
+        x,
+        part.y,
+        grid=pp.grid,
+        margin=pp.margin,
+        start=posterior.start_theta,
+        bn_x=x if posterior.has_batchnorm else None,
+        batch_size=p.evaluate.batch_size,
+    )
+    out = PLANES / name
+    summary = {
+        "trajectory": name,
+        "start": p.finetune[name].start,
+        "n_points": len(part),
+        **result.summary(),
+    }
+    write_csv(out / "grid.csv", result.grid)
+    write_csv(out / "path.csv", result.path)
+    write_json(out / "summary.json", summary)
+    ratio = summary["explained_variance_ratio"]
+    logged = {
+        "pc1_explained_variance_ratio": ratio[0],
+        "pc2_explained_variance_ratio": ratio[1],
+        "centre_loss": summary["centre_loss"],
+        "centre_accuracy": summary["centre_accuracy"],
+        "start_distance": summary["start_distance"],
+        "snapshots": summary["n_snapshots"],
+    }
+    return summary, logged, [out / "grid.csv", out / "path.csv", out / "summary.json"]
 
 
-def run() -> None:
-    p = params()
-    kind, name = _args(p)
+RUNNERS = {"plane": _plane, "line": _line, "rays": _rays, "swag_directions": _swag_directions}
+
+
+def _settings(p: Params, kind: str, name: str) -> tuple[list[Path], dict[str, Any]]:
+    """A probe's input files and the settings its run logs."""
     land = p.evaluate.landscape
+    if kind == "plane":
+        logged = {
+            "trajectory": name,
+            "plane": p.evaluate.plane.model_dump(),
+            "batch_size": p.evaluate.batch_size,
+        }
+        return [_posterior_file(name)], logged
     if kind == "line":
         spec = land.lines[name]
         inputs = [_posterior_file(spec.a), _posterior_file(spec.b)]
@@ -224,12 +299,23 @@ def run() -> None:
         inputs = [_posterior_file(name)]
         section = land.rays if kind == "rays" else land.swag
         settings = {"trajectory": name, kind: section.model_dump()}
-    logged = {**settings, "n_points": land.n_points, "weight_decay": p.pretrain.weight_decay}
-    with tracked(f"{kind}@{name}", p, logged, [MANIFEST, *inputs]) as mlrun:
-        _, metrics, files = RUNNERS[kind](p, name)
-        mlrun.log_metrics(metrics)
-        for file in files:
-            mlrun.log_artifact(file, f"landscape/{kind}/{name}")
+    return inputs, {
+        **settings,
+        "n_points": land.n_points,
+        "weight_decay": p.pretrain.weight_decay,
+    }
+
+
+def run() -> None:
+    p = params()
+    for kind, name in _units(p):
+        inputs, logged = _settings(p, kind, name)
+        with tracked(f"{kind}@{name}", p, logged, [MANIFEST, *inputs]) as mlrun:
+            _, metrics, files = RUNNERS[kind](p, name)
+            mlrun.log_metrics(metrics)
+            folder = f"plane/{name}" if kind == "plane" else f"landscape/{kind}/{name}"
+            for file in files:
+                mlrun.log_artifact(file, folder)
 
 
 if __name__ == "__main__":

@@ -130,12 +130,17 @@ def forced_repro(root: Path) -> dict[str, Any]:
     if proc.wait() != 0:
         raise SystemExit("dvc repro --force failed in the benchmark workspace")
     total = time.perf_counter() - started
+    # Each MLflow run's ledger entry; a stage of several units (evaluate@<trajectory>,
+    # dswag_sweep, landscape) has one per unit, tagged with the stage.
+    ledger = [json.loads(f.read_text()) for f in sorted((root / "runs").glob("*.json"))]
     stages = []
     for i, (stage, at) in enumerate(marks):
         wall = (marks[i + 1][1] if i + 1 < len(marks) else total) - at
-        record = root / ("reports/run.json" if stage == "report" else f"runs/{stage}.json")
-        seconds = json.loads(record.read_text()).get("seconds", {}) if record.exists() else {}
-        split = {k: seconds.get(k, 0.0) for k in ("startup", "compute", "finish")}
+        runs = [r for r in ledger if r.get("dvc_stage", r.get("stage")) == stage]
+        split = {
+            k: sum(r.get("seconds", {}).get(k, 0.0) for r in runs)
+            for k in ("startup", "compute", "finish")
+        }
         split["dvc_and_launch"] = wall - sum(split.values())
         stages.append({"stage": stage, "wall": wall, **split})
     sums = {

@@ -86,7 +86,7 @@ def params(case: ModelCase, epochs: int) -> Params:
     """A swag trajectory as the pipeline's default: constant lr, one snapshot per epoch."""
     swag = dict(epochs=epochs, batch_size=case.batch_size, start="pretrain")
     swag |= dict(collect={"max_rank": 20}, schedule={"kind": "constant", "lr": 0.01})
-    predictors = {"map": {"trajectory": "swag", "method": "map"}}
+    predictors = {"swag": {"map": {"method": "map"}}}
     raw = {"model": case.model, "finetune": {"swag": swag}, "evaluate": {"predictors": predictors}}
     return parse_params(raw)
 

@@ -45,7 +45,7 @@ NO_CUDA = (
     "gpu-check: no CUDA device (torch.cuda.is_available() is False); "
     "run it on a machine with an NVIDIA GPU"
 )
-PIPELINE_METRICS = ("map", "swa", "swag")
+PIPELINE_METRICS = {"map": "sgd", "swa": "swag", "swag": "swag"}  # predictor: its trajectory
 RERUN = ("pretrain", "finetune@swag")
 RERUN_FILES = ("models/pretrain/posterior.pt", "models/swag/posterior.pt")
 
@@ -111,8 +111,8 @@ def pipeline(repo: Path) -> dict[str, Any]:
         out["error_tail"] = (proc.stderr or proc.stdout)[-1500:]
         return out
     out["test"] = {}
-    for name in PIPELINE_METRICS:
-        metrics = json.loads((repo / "metrics" / f"{name}.json").read_text())
+    for name, trajectory in PIPELINE_METRICS.items():
+        metrics = json.loads((repo / "metrics/evaluate" / trajectory / f"{name}.json").read_text())
         out["test"][name] = {k: metrics[k] for k in ("accuracy", "nll")}
     return out
 

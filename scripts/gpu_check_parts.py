@@ -156,8 +156,10 @@ def swag_only(raw: dict[str, Any]) -> dict[str, Any]:
     sweeps naming the others) and its map and swag predictors, as the params validate."""
     raw["finetune"] = {"swag": raw["finetune"]["swag"]}
     raw["evaluate"]["predictors"] = {
-        "map": {"trajectory": "swag", "method": "map"},
-        "swag": {"trajectory": "swag", "method": "swag", "scale": PREDICTORS["swag"]},
+        "swag": {
+            "map": {"method": "map"},
+            "swag": {"method": "swag", "scale": PREDICTORS["swag"]},
+        }
     }
     for section in ("plane", "landscape"):
         raw["evaluate"].pop(section, None)

@@ -13,11 +13,13 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
@@ -48,11 +50,15 @@ def main(fn: Callable[[], None]) -> None:
     the launcher, which reports the job's first one.
     """
     if launch.is_rank():
-        _leave(launch.rank_entry(fn))
+        code = launch.rank_entry(fn)
+        if not code:
+            _finish_tracking()
+        _leave(code)
     try:
         run_entry(fn)
     except SystemExit as stop:
         _leave(stop.code)
+    _finish_tracking()
     _leave(0)
 
 
@@ -87,6 +93,8 @@ def _leave(code: object) -> None:
     not come here: it ends the process the normal way, with its traceback.
     """
     logging.shutdown()
+    for folder in _scratch:
+        shutil.rmtree(folder, ignore_errors=True)
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
@@ -97,6 +105,36 @@ def _leave(code: object) -> None:
 
 def params() -> Params:
     return load_params(PARAMS)
+
+
+class PredictorFiles(NamedTuple):
+    """What stage evaluate@<trajectory> writes for one of its predictors."""
+
+    metrics: Path
+    reliability: Path
+    samples: Path
+    predictions: Path
+
+
+def predictor_files(trajectory: str, name: str) -> PredictorFiles:
+    """A predictor's files: in its trajectory's folders, which are the stage's outputs."""
+    return PredictorFiles(
+        metrics=Path("metrics/evaluate") / trajectory / f"{name}.json",
+        reliability=Path("plots/reliability") / trajectory / f"{name}.csv",
+        samples=Path("plots/samples") / trajectory / f"{name}.csv",
+        predictions=Path("predictions") / trajectory / f"{name}.npz",
+    )
+
+
+_scratch: list[Path] = []
+
+
+def scratch() -> Path:
+    """A private folder for files the tracking worker reads after the run that sent them
+    ended (it serves the process's runs until the stage's last line); removed then."""
+    if not _scratch:
+        _scratch.append(Path(tempfile.mkdtemp(prefix="bayesavg-stage-")))
+    return _scratch[0]
 
 
 def raw_params() -> dict[str, Any]:
@@ -175,6 +213,15 @@ def stage_checkpoint(
     return ckpt
 
 
+class _Ledger:
+    """This process's runs, for their id files: when the last one ended, and which one
+    waits for the worker's finish."""
+
+    since = _bootstrap.STARTED  # the start of the next run's start-up
+    since_at = _bootstrap.STARTED_AT
+    last: tuple[Path, dict[str, Any]] | None = None
+
+
 @contextlib.contextmanager
 def tracked(
     stage: str,
@@ -185,7 +232,9 @@ def tracked(
     resume: str | None = None,
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
-    """An MLflow run named after the DVC stage; its id goes to ``id_file``.
+    """An MLflow run named ``stage``, the DVC stage's name or, in a stage of several units
+    (the predictors of one trajectory, the landscape probes), the unit's; its id goes to
+    ``id_file``.
 
     ``id_file`` defaults to ``runs/<stage>.json``: the workspace's ledger of the
     runs that made its outputs, which a stage DVC skips keeps. It is not a DVC
@@ -193,18 +242,22 @@ def tracked(
     output's bytes must be what a rerun on another machine reproduces.
     ``inputs``: files this stage reads that earlier stages wrote; the run
     is tagged ``upstream.<stage>`` with the run that wrote those very bytes.
-    ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags.
-    The run file also records where the stage's time went: ``startup``
-    (from its first line to its work: imports, params), ``compute`` (the
-    body of this block) and ``finish`` (waiting for the tracking worker).
+    ``resume``: a run id to continue (from a checkpoint). ``tags``: more tags
+    (``dvc_stage`` is the DVC stage's name, from ``DVC_STAGE``).
+    The run file also records where the time went: ``startup`` (from the
+    process's first line, or the previous run's end, to this run's work:
+    imports, params, inputs), ``compute`` (the body of this block) and, for
+    the process's last run, ``finish`` (waiting for the tracking worker).
+    One worker serves a process's runs one after another.
     """
-    tracker = _bootstrap.tracker or Tracker.spawn(*default_store(project_root()))
-    _bootstrap.tracker = None  # one run per worker
+    if _bootstrap.tracker is None:
+        _bootstrap.tracker = Tracker.spawn(*default_store(project_root()))
+    tracker = _bootstrap.tracker
     commit = git_commit(Path.cwd())
     run_tags = {
         **source_tags(sys.argv[0], commit),
         "git_commit": commit,
-        "dvc_stage": stage,
+        "dvc_stage": os.environ.get("DVC_STAGE") or stage,
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
         "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "command": " ".join(sys.argv),
@@ -223,8 +276,9 @@ def tracked(
         tags=run_tags,
         inputs={str(path): digest(path) for path in inputs},
         resume=resume,
-        start_time=int(_bootstrap.STARTED_AT * 1000),
+        start_time=int(_Ledger.since_at * 1000),
         parent=parent,
+        close=False,
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
         if MANIFEST in inputs:
@@ -237,20 +291,35 @@ def tracked(
                 run.record_in_parent(stage, reused_runs(stage), "FAILED")
             raise
         done = time.perf_counter()
-        seconds = {"startup": started - _bootstrap.STARTED, "compute": done - started}
+        seconds = {"startup": started - _Ledger.since, "compute": done - started}
         run.log_metrics({f"stage_{k}_seconds": v for k, v in seconds.items()})
         if parent is not None:
             run.record_in_parent(stage, reused_runs(stage), "FINISHED")
-    seconds["finish"] = time.perf_counter() - done
-    write_json(
-        id_file or run_file(stage),
-        {
-            "run_id": run.run_id,
-            "stage": stage,
-            "experiment": p.tracking.experiment,
-            "seconds": seconds,
-        },
-    )
+    record = {
+        "run_id": run.run_id,
+        "stage": stage,
+        "dvc_stage": run_tags["dvc_stage"],
+        "experiment": p.tracking.experiment,
+        "seconds": {**seconds, "finish": 0.0},
+    }
+    path = id_file or run_file(stage)
+    write_json(path, record)
+    _Ledger.last = (path, record)
+    _Ledger.since, _Ledger.since_at = time.perf_counter(), time.time()
+
+
+def _finish_tracking() -> None:
+    """Wait for the tracking worker to carry out the process's last calls; the time goes
+    to the last run's id file as its ``finish``."""
+    tracker, _bootstrap.tracker = _bootstrap.tracker, None
+    if tracker is None:
+        return
+    waited = time.perf_counter()
+    tracker.close()
+    if _Ledger.last is not None:
+        path, record = _Ledger.last
+        record["seconds"]["finish"] = time.perf_counter() - waited
+        write_json(path, record)
 
 
 def _dvc_args(cmdline: list[str]) -> list[str] | None:

@@ -1,20 +1,35 @@
-"""Stage `evaluate@<predictor>`: BMA over posterior samples; metrics and plot data.
+"""Stage `evaluate@<trajectory>`: each predictor of the trajectory's posterior (BMA over
+its samples), its metrics and plot data, one MLflow run each (`evaluate@<predictor>`).
 
-Runs on `BAYESAVG_NPROC` processes like finetune (torchrun; default 1: this
-process): every rank loads the same inputs and predicts with the posterior
-samples it owns; rank 0 combines them in sample order (bitwise what one
-process gives), measures sharpness, tracks and writes. Every rank, and the single
+The inputs (the posterior, test, validation, shifted and OOD images) load
+once for all the trajectory's predictors. Runs on `BAYESAVG_NPROC` processes
+like finetune (torchrun; default 1: this process): every rank loads the same
+inputs and predicts with the posterior samples it owns, predictor after
+predictor; rank 0 combines them in sample order (bitwise what one process
+gives), measures sharpness, tracks and writes. Every rank, and the single
 process, runs `BAYESAVG_THREADS` intra-op threads (``bayesavg.numerics``).
+
+    python stages/evaluate.py <trajectory>               # all its predictors
+    python stages/evaluate.py <trajectory> <predictor>   # one of them
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from _common import MANIFEST, PREPARED, delegated, digest, main, params, tracked
+from _common import (
+    MANIFEST,
+    PREPARED,
+    delegated,
+    digest,
+    main,
+    params,
+    predictor_files,
+    scratch,
+    tracked,
+)
 
 from bayesavg.errors import UserError
 from bayesavg.io import write_csv, write_json, write_npz
@@ -44,20 +59,22 @@ class Inputs(NamedTuple):
     ood: dict[str, torch.Tensor]
 
 
-def load_inputs(p: Params, name: str, device: torch.device) -> Inputs:
+def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
     """The prepared data, the posterior, BN images, splits (test, val, shifted test) and
-    OOD images of predictor ``name``, model-ready on ``device``."""
+    OOD images for the predictors of ``trajectory``, model-ready on ``device``. The BN
+    images are loaded when the model has BatchNorm and some predictor recomputes it."""
     from bayesavg.data import load_prepared
     from bayesavg.evaluate import bn_subset, needs_bn_data
     from bayesavg.extra_sets import ood_images, shift_subset, shifted
     from bayesavg.posterior_file import load_posterior
     from bayesavg.shift import shifts
 
-    pred, e = p.evaluate.predictors[name], p.evaluate
+    e = p.evaluate
     data = load_prepared(PREPARED)
-    posterior = load_posterior(posterior_path(p, name))
+    posterior = load_posterior(posterior_path(trajectory))
     bn_x = None
-    if posterior.has_batchnorm and needs_bn_data(pred.method):
+    methods = [pred.method for pred in e.predictors[trajectory].values()]
+    if posterior.has_batchnorm and any(needs_bn_data(m) for m in methods):
         bn_part = bn_subset(data.train, e.bn_update_fraction, p.seed)
         bn_x = posterior.model_input(bn_part.x, device)
     splits = {
@@ -81,26 +98,26 @@ def load_inputs(p: Params, name: str, device: torch.device) -> Inputs:
     return Inputs(data, posterior, bn_x, splits, subset, listed, ood)
 
 
-def posterior_path(p: Params, name: str) -> Path:
-    return Path("models") / p.evaluate.predictors[name].trajectory / "posterior.pt"
+def posterior_path(trajectory: str) -> Path:
+    return Path("models") / trajectory / "posterior.pt"
 
 
 def predict(
     p: Params, name: str, found: Inputs, world: World, device: torch.device
 ) -> dict[str, Evaluation]:
     """This rank's share of the BMA (``evaluate``); the results on rank 0, {} on others."""
-    from bayesavg.evaluate import evaluate
+    from bayesavg.evaluate import evaluate, needs_bn_data
     from bayesavg.precision import precision_for
     from bayesavg.seeding import derive_seed
 
-    pred, e = p.evaluate.predictors[name], p.evaluate
+    pred, e = p.evaluate.by_name[name], p.evaluate
     return evaluate(
         found.posterior,
         pred.method,
         found.splits,
         n_samples=e.n_samples,
         scale=pred.effective_scale(),
-        bn_x=found.bn_x,
+        bn_x=found.bn_x if needs_bn_data(pred.method) else None,
         batch_size=e.batch_size,
         ece_bins=e.ece_bins,
         seed=derive_seed(p.seed, "evaluate", name),
@@ -115,66 +132,73 @@ def predict(
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.distributed import World, current_world, leave, local_device
-    from bayesavg.evaluate import bn_subset, centre_sharpness, method_of
-    from bayesavg.predict import MODEL_CODE, PredictorConfig
-    from bayesavg.sampling import sigma_ratio
-    from bayesavg.seeding import derive_seed, resolve_device
+    from bayesavg.seeding import resolve_device
 
     p = params()
-    if len(sys.argv) != 2 or sys.argv[1] not in p.evaluate.predictors:
-        raise UserError(
-            f"usage: evaluate.py <predictor>, one of {', '.join(p.evaluate.predictors)}"
-        )
-    name = sys.argv[1]
-    pred = p.evaluate.predictors[name]
-    e = p.evaluate
+    trajectory, names = _args(p)
     device = local_device(resolve_device(p.device))
 
-    def share() -> tuple[Inputs, dict[str, Evaluation]]:
+    def share() -> None:
         # Joined first: under torchrun the thread count is set before any work.
         world = current_world(device) or World(0, 1, device)
         try:
             # Rank 0 loads first, the others after it: an OOD set not on disk yet is
             # downloaded once, not by every rank into the same files at once.
             _barrier(world, not world.is_main)
-            found = load_inputs(p, name, device)
+            found = load_inputs(p, trajectory, device)
             _barrier(world, world.is_main)
-            return found, predict(p, name, found, world, device)
+            for name in names:
+                if world.is_main:
+                    _predictor(p, name, found, world, device)
+                else:
+                    predict(p, name, found, world, device)
         finally:
             leave(world)
 
     if delegated(share):
         return
+    share()
+
+
+def _args(p: Params) -> tuple[str, list[str]]:
+    """The trajectory and the predictors of it to evaluate (all, or the one named)."""
+    listed = p.evaluate.predictors
+    if len(sys.argv) not in (2, 3) or sys.argv[1] not in listed:
+        raise UserError(
+            f"usage: evaluate.py <trajectory> [<predictor>], one of {', '.join(listed)}"
+        )
+    trajectory, names = sys.argv[1], list(listed[sys.argv[1]])
+    if len(sys.argv) == 3:
+        if sys.argv[2] not in names:
+            raise UserError(
+                f"evaluate.py {trajectory}: {sys.argv[2]!r} is not one of its predictors "
+                f"({', '.join(names)})"
+            )
+        names = [sys.argv[2]]
+    return trajectory, names
+
+
+def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.device) -> None:
+    """Rank 0's part for one predictor: its run, the BMA, sharpness, its files."""
+    from bayesavg.evaluate import bn_subset, method_of, needs_bn_data
+    from bayesavg.predict import MODEL_CODE, PredictorConfig
+    from bayesavg.sampling import sigma_ratio
+    from bayesavg.seeding import derive_seed
+
+    pred, e = p.evaluate.by_name[name], p.evaluate
     logged = {
-        "predictor": pred.model_dump(),
+        "predictor": {"trajectory": pred.trajectory, **pred.model_dump()},
         "evaluate": e.model_dump(exclude={"predictors"}),
         "scale": pred.effective_scale(),
     }
-    stage = f"evaluate@{name}"
-    posterior_file = posterior_path(p, name)
-    # The BatchNorm images the served model needs outlive the run: the tracking worker
-    # copies them into the model after the stage's last line.
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        tracked(stage, p, logged, [MANIFEST, posterior_file]) as mlrun,
-    ):
-        found, results = share()
-        data, posterior, bn_x = found.data, found.posterior, found.bn_x
+    posterior_file = posterior_path(pred.trajectory)
+    files = predictor_files(pred.trajectory, name)
+    with tracked(f"evaluate@{name}", p, logged, [MANIFEST, posterior_file]) as mlrun:
+        results = predict(p, name, found, world, device)
+        data, posterior = found.data, found.posterior
+        bn_x = found.bn_x if needs_bn_data(pred.method) else None
         subset, listed = found.subset, found.listed
-        sh = e.sharpness
-        part = data.train.random_subset(sh.n_points, derive_seed(p.seed, "sharpness"))
-        sharp = centre_sharpness(
-            posterior,
-            pred.method,
-            posterior.model_input(part.x, device),
-            part.y,
-            bn_x=bn_x,
-            rho=sh.rho,
-            probes=sh.probes,
-            seed=derive_seed(p.seed, "probes"),
-            device=device,
-            batch_size=e.batch_size,
-        )
+        sharp = _sharpness(p, pred.method, found, bn_x, device)
         result = results["test"]
         shift = {s.name: _pick(results[f"shift.{s.name}"].metrics) for s in listed}
         metrics = {
@@ -188,12 +212,11 @@ def run() -> None:
         spread = sigma_ratio(posterior, method_of(pred.method))
         if spread is not None:
             metrics["sigma_ratio"] = spread
-        write_json(Path("metrics") / f"{name}.json", metrics)
-        write_csv(Path("plots/reliability") / f"{name}.csv", result.reliability.rows())
-        write_csv(Path("plots/samples") / f"{name}.csv", result.by_samples)
-        predictions = Path("predictions") / f"{name}.npz"
+        write_json(files.metrics, metrics)
+        write_csv(files.reliability, result.reliability.rows())
+        write_csv(files.samples, result.by_samples)
         write_npz(
-            predictions,
+            files.predictions,
             {
                 "y": data.test.y.numpy(),
                 "log_probs": result.log_probs.numpy(),
@@ -222,14 +245,17 @@ def run() -> None:
             }
         )
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
-        mlrun.log_artifact(Path("plots/reliability") / f"{name}.csv", "plots")
-        mlrun.log_artifact(predictions, "predictions")
+        mlrun.log_artifact(files.reliability, "plots")
+        mlrun.log_artifact(files.predictions, "predictions")
         bn_images = None
         if bn_x is not None:
-            import torch
+            # The BatchNorm images the served model needs: the tracking worker copies them
+            # into the model later, so they go where they outlive the run.
+            bn_images = scratch() / "bn_images.pt"
+            if not bn_images.exists():
+                import torch
 
-            bn_images = str(Path(tmp) / "bn_images.pt")
-            torch.save(bn_subset(data.train, e.bn_update_fraction, p.seed).x, bn_images)
+                torch.save(bn_subset(data.train, e.bn_update_fraction, p.seed).x, bn_images)
         mlrun.log_model(
             name=name,
             posterior=str(posterior_file),
@@ -245,8 +271,39 @@ def run() -> None:
             num_classes=posterior.num_classes,
             example=data.test.x[:2].tolist(),
             code=str(MODEL_CODE),
-            bn_images=bn_images,
+            bn_images=None if bn_images is None else str(bn_images),
         )
+
+
+_SHARPNESS: dict[tuple[int, str, bool], dict[str, float]] = {}
+
+
+def _sharpness(
+    p: Params, method: str, found: Inputs, bn_x: torch.Tensor | None, device: torch.device
+) -> dict[str, float]:
+    """Sharpness at the predictor's centre(s). Predictors of one trajectory whose methods
+    share a centre (swa, swag_diag and swag: the snapshot mean) and its BatchNorm
+    treatment get the same numbers, computed once."""
+    from bayesavg.evaluate import centre_sharpness, method_of
+    from bayesavg.seeding import derive_seed
+
+    key = (id(found.posterior), method_of(method).centre, bn_x is not None)
+    if key not in _SHARPNESS:
+        sh = p.evaluate.sharpness
+        part = found.data.train.random_subset(sh.n_points, derive_seed(p.seed, "sharpness"))
+        _SHARPNESS[key] = centre_sharpness(
+            found.posterior,
+            method,
+            found.posterior.model_input(part.x, device),
+            part.y,
+            bn_x=bn_x,
+            rho=sh.rho,
+            probes=sh.probes,
+            seed=derive_seed(p.seed, "probes"),
+            device=device,
+            batch_size=p.evaluate.batch_size,
+        )
+    return _SHARPNESS[key]
 
 
 def _barrier(world: World, now: bool) -> None:

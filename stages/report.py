@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from _common import MANIFEST, RUNS, main, params, raw_params, tracked
+from _common import MANIFEST, RUNS, main, params, predictor_files, raw_params, tracked
 
 from bayesavg.config import Params
 from bayesavg.report import (
@@ -26,7 +26,6 @@ OUT = Path("reports")
 PLANES = Path("plots/plane")
 SWEEP_METRICS = Path("metrics/dswag_sweep")
 SWEEP_PLOTS = Path("plots/dswag_sweep")
-PREDICTIONS = Path("predictions")
 LANDSCAPE_PLOTS = Path("plots/landscape")
 LANDSCAPE_METRICS = Path("metrics/landscape")
 
@@ -52,7 +51,7 @@ def _table(path: Path) -> list[dict[str, float | str]]:
 def _pairs(p: Params) -> list[tuple[str, str]]:
     """F-variants beside their baseline, HWA beside the VI it starts from."""
     return pair_predictors(
-        {name: (pred.method, pred.trajectory) for name, pred in p.evaluate.predictors.items()},
+        {name: (pred.method, pred.trajectory) for name, pred in p.evaluate.by_name.items()},
         {name: traj.start for name, traj in p.finetune.items()},
     )
 
@@ -79,7 +78,6 @@ def _sweep(p: Params) -> list[SweepPoint]:
         if not file.is_file():
             continue
         found = json.loads(file.read_text())
-        folder = SWEEP_PLOTS / str(w)
         points.append(
             SweepPoint(
                 workers=int(found["workers"]),
@@ -88,18 +86,18 @@ def _sweep(p: Params) -> list[SweepPoint]:
                 target_accuracy=float(found["target_accuracy"]),
                 snapshots=int(found["snapshots"]),
                 metrics={k: found.get(k) for k in ("fedavg", "dswa", "dswag")},
-                history=_csv(folder / "rounds.csv"),
-                sigma_distance=_csv(folder / "sigma_distance.csv"),
+                history=_csv(SWEEP_PLOTS / "rounds" / f"{w}.csv"),
+                sigma_distance=_csv(SWEEP_PLOTS / "sigma_distance" / f"{w}.csv"),
             )
         )
     return points
 
 
-def _predictions(name: str) -> Predictions | None:
-    """The evaluate stage's per-point predictions (``predictions/<name>.npz``), if written."""
+def _predictions(file: Path) -> Predictions | None:
+    """A predictor's per-point predictions (``predictions/<trajectory>/<name>.npz``), if
+    written."""
     import numpy as np
 
-    file = PREDICTIONS / f"{name}.npz"
     if not file.is_file():
         return None
     with np.load(file, allow_pickle=False) as found:
@@ -162,15 +160,16 @@ def _landscape(p: Params) -> Landscape | None:
     return Landscape(lines=lines, rays=rays, swag=swag)
 
 
-def tracked_stages(p: Params) -> list[str]:
-    """dvc.yaml's tracked stages for these params, in pipeline order."""
+def tracked_runs(p: Params) -> list[str]:
+    """The MLflow runs of a pipeline execution for these params (a stage's, or a unit's of
+    a stage that runs several), in pipeline order."""
     ev, land = p.evaluate, p.evaluate.landscape
     return [
         "data",
         "pretrain",
         "init",
         *(f"finetune@{t}" for t in p.finetune),
-        *(f"evaluate@{n}" for n in ev.predictors),
+        *(f"evaluate@{n}" for n in ev.by_name),
         *(f"dswag_sweep@{w}" for w in ev.dswag_sweep.workers),
         *(f"plane@{t}" for t in ev.plane.trajectories),
         *(f"line@{n}" for n in land.lines),
@@ -188,12 +187,13 @@ def run() -> None:
             method=pred.method,
             trajectory=pred.trajectory,
             scale=pred.effective_scale(),
-            metrics=json.loads((Path("metrics") / f"{name}.json").read_text()),
-            reliability=_csv(Path("plots/reliability") / f"{name}.csv"),
-            by_samples=_csv(Path("plots/samples") / f"{name}.csv"),
-            predictions=_predictions(name),
+            metrics=json.loads(files.metrics.read_text()),
+            reliability=_csv(files.reliability),
+            by_samples=_csv(files.samples),
+            predictions=_predictions(files.predictions),
         )
-        for name, pred in p.evaluate.predictors.items()
+        for name, pred in p.evaluate.by_name.items()
+        for files in [predictor_files(pred.trajectory, name)]
     ]
     histories = {"pretrain": _csv(Path("plots/pretrain.csv"))}
     histories.update({t: _csv(Path("plots/finetune") / f"{t}.csv") for t in p.finetune})
@@ -209,8 +209,8 @@ def run() -> None:
         predictors=predictors,
         histories=histories,
         params=raw_params(),
-        stages=tracked_stages(p),
-        baseline="map" if "map" in p.evaluate.predictors else next(iter(p.evaluate.predictors)),
+        runs=tracked_runs(p),
+        baseline="map" if "map" in p.evaluate.by_name else next(iter(p.evaluate.by_name)),
         notes=p.report.notes,
         pairs=_pairs(p),
         planes=_planes(p),

@@ -107,7 +107,7 @@ def params(members: int = 1) -> Any:
                 "schedule": {"kind": "cosine", "lr": 0.02},
             },
         },
-        "evaluate": {"predictors": {"map": {"trajectory": "swag", "method": "map"}}},
+        "evaluate": {"predictors": {"swag": {"map": {"method": "map"}}}},
     }
     return parse_params(raw)
 

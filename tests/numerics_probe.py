@@ -61,7 +61,7 @@ PARAMS = {
             "vi": {"sigma_init": 0.03, "optimizer": "adam"},
         },
     },
-    "evaluate": {"predictors": {"swag": {"trajectory": "swag", "method": "swag"}}},
+    "evaluate": {"predictors": {"swag": {"swag": {"method": "swag"}}}},
 }
 
 

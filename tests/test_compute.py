@@ -44,7 +44,7 @@ def test_fp16_needs_cuda() -> None:
         "device": "cpu",
         "precision": "fp16",
         "finetune": {"t": {"start": "pretrain"}},
-        "evaluate": {"predictors": {"m": {"trajectory": "t", "method": "map"}}},
+        "evaluate": {"predictors": {"t": {"m": {"method": "map"}}}},
     }
     with pytest.raises(UserError, match="precision: fp16 needs a CUDA device"):
         parse_params(raw)

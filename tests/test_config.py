@@ -38,10 +38,12 @@ def _with(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
 def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
     params = load_params(ROOT / "params.yaml")
     assert params.data.dataset == "mnist5k"
-    assert set(params.evaluate.predictors) >= {"map", "swa", "swag_diag", "swag"}
+    assert set(params.evaluate.by_name) >= {"map", "swa", "swag_diag", "swag"}
     assert params.finetune["swag"].collect is not None
-    assert params.evaluate.predictors["swag"].effective_scale() == 0.5
-    assert params.evaluate.predictors["swag_diag"].effective_scale() == 1.0
+    assert params.evaluate.by_name["swag"].effective_scale() == 0.5
+    assert params.evaluate.by_name["swag_diag"].effective_scale() == 1.0
+    assert params.evaluate.by_name["swag"].trajectory == "swag"
+    assert params.evaluate.by_name["fedavg"].trajectory == "dswag"
     assert parse_params(default_raw) == params
 
 
@@ -64,8 +66,16 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("finetune.swag.schedule", {"kind": "cyclic", "lr": 0.05, "lr_end": 0.0}, "lr_end"),
         ("evaluate.n_samples", 0, "evaluate.n_samples: Input should be greater than or equal to 1"),
         ("evaluate.bn_update_fraction", 0.0, "evaluate.bn_update_fraction"),
-        ("evaluate.predictors.swag.trajectory", "nope", "'nope' is not a finetune trajectory"),
-        ("evaluate.predictors.swag.method", "laplace", "evaluate.predictors.swag.method"),
+        ("evaluate.predictors.nope", {"p": {"method": "map"}}, "'nope' is not a finetune traj"),
+        ("evaluate.predictors.swag.swag.method", "laplace", "evaluate.predictors.swag.swag.method"),
+        ("evaluate.predictors.swag.swag.trajectory", "swag", "unknown key 'evaluate.predictors"),
+        ("evaluate.predictors.vi", {}, "evaluate.predictors.vi: no predictors; list one"),
+        ("evaluate.predictors.vi.swa", {"method": "vi"}, "'swa' is also listed under swag"),
+        (
+            "evaluate.predictors.mine",
+            {"trajectory": "swag", "method": "swa"},
+            "listed under their trajectory: evaluate.predictors.swag.mine: {method: swa}",
+        ),
         ("finetune.swag.collect", None, "finetune.swag is kind sgd with no 'collect' section"),
         ("finetune.swag.start", "nowhere", "finetune.swag.start: 'nowhere' is not pretrain"),
         ("finetune.swag.kind", "vi", "finetune.swag.vi: a vi trajectory needs a 'vi' section"),
@@ -106,8 +116,8 @@ def test_bad_value_names_key(
 
 
 def test_the_sweep_owns_its_model_names(default_raw: dict[str, Any]) -> None:
-    raw = _with(default_raw, "finetune.dswag_w10", copy.deepcopy(default_raw["finetune"]["sgd"]))
-    with pytest.raises(UserError, match=r"finetune\.dswag_w10: the name is the worker sweep's"):
+    raw = _with(default_raw, "finetune.dswag_sweep", copy.deepcopy(default_raw["finetune"]["sgd"]))
+    with pytest.raises(UserError, match=r"finetune\.dswag_sweep: the name is the worker sweep's"):
         parse_params(raw)
 
 
@@ -116,8 +126,7 @@ def test_dswag_snapshots_need_not_fill_a_swag_predictor(default_raw: dict[str, A
     raw = _with(default_raw, "finetune.dswag.phase2.client_fraction", 0.05)
     raw["finetune"]["dswag"]["phase2"]["snapshots_per_client"] = 1
     raw["evaluate"]["predictors"] = {
-        "fedavg": {"trajectory": "dswag", "method": "map"},
-        "dswa": {"trajectory": "dswag", "method": "swa"},
+        "dswag": {"fedavg": {"method": "map"}, "dswa": {"method": "swa"}},
     }
     raw["finetune"].pop("fedavg_swag")
     swag = raw["evaluate"]["landscape"]["swag"]
@@ -127,8 +136,10 @@ def test_dswag_snapshots_need_not_fill_a_swag_predictor(default_raw: dict[str, A
     swag["trajectories"] = ["swag"]
     params = parse_params(raw)
     assert params.finetune["dswag"].snapshots() == 1
-    raw["evaluate"]["predictors"]["dswag"] = {"trajectory": "dswag", "method": "swag"}
-    with pytest.raises(UserError, match=r"finetune\.dswag\.phase2: evaluate\.predictors\.dswag "):
+    raw["evaluate"]["predictors"]["dswag"]["dswag"] = {"method": "swag"}
+    with pytest.raises(
+        UserError, match=r"finetune\.dswag\.phase2: evaluate\.predictors\.dswag\.dswag "
+    ):
         parse_params(raw)
 
 

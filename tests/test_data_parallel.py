@@ -116,9 +116,9 @@ def test_stages_train_data_parallel_under_torchrun(tmp_path: Path) -> None:
     raw["model"]["batch_norm"] = False
     ensemble = dict(raw["finetune"]["ensemble"], members=2)
     raw["finetune"] = {"swag": raw["finetune"]["swag"], "ensemble": ensemble}
-    raw["evaluate"]["predictors"] = {
-        "swag": {"trajectory": "swag", "method": "swag"},
-        "ensemble": {"trajectory": "ensemble", "method": "ensemble"},
+    raw["evaluate"]["predictors"] = {  # two predictors in one stage: every rank does both
+        "swag": {"swa": {"method": "swa"}, "swag": {"method": "swag"}},
+        "ensemble": {"ensemble": {"method": "ensemble"}},
     }
     raw["evaluate"]["plane"]["trajectories"] = []
     raw["evaluate"]["dswag_sweep"]["workers"] = []
@@ -141,9 +141,9 @@ def test_stages_train_data_parallel_under_torchrun(tmp_path: Path) -> None:
     # evaluate@: samples spread over the ranks, combined in sample order: the same bytes
     evaluations = ("evaluate@swag", "evaluate@ensemble")
     outputs = [
-        f"{kind}/{s.split('@')[1]}.{ext}"
-        for s in evaluations
-        for kind, ext in (("metrics", "json"), ("predictions", "npz"))
+        f"{kind}/{traj}/{pred}.{ext}"
+        for traj, pred in (("swag", "swa"), ("swag", "swag"), ("ensemble", "ensemble"))
+        for kind, ext in (("metrics/evaluate", "json"), ("predictions", "npz"))
     ]
     sh(repo, DVC, "repro", *evaluations)
     one_eval = {o: (repo / o).read_bytes() for o in outputs}

@@ -443,10 +443,10 @@ def test_one_explorer_one_snapshot_has_no_variance_and_no_nan(
     def params(method: str, snapshots: int = 1) -> dict[str, Any]:
         one = {**traj, "kind": "dswag", "phase2": {**traj["phase2"]}}
         one["phase2"]["snapshots_per_client"] = snapshots
-        pred = {"trajectory": "dswag", "method": method}
-        return {"finetune": {"dswag": one}, "evaluate": {"predictors": {"p": pred}}}
+        pred = {"method": method}
+        return {"finetune": {"dswag": one}, "evaluate": {"predictors": {"dswag": {"p": pred}}}}
 
-    with pytest.raises(UserError, match=r"evaluate\.predictors\.p needs >= 2 snapshots"):
+    with pytest.raises(UserError, match=r"evaluate\.predictors\.dswag\.p needs >= 2 snapshots"):
         parse_params(params("swag"))
     for method in ("map", "swa", "swag_diag"):
         parse_params(params(method))
@@ -627,7 +627,7 @@ def test_dvc_repro_on_one_and_two_processes_writes_the_same_posterior(tmp_path: 
     raw["finetune"] = {"dswag": raw["finetune"]["dswag"]}
     raw["finetune"]["dswag"]["phase1"]["client_fraction"] = 0.5
     raw["finetune"]["dswag"]["phase2"]["client_fraction"] = 0.75
-    raw["evaluate"]["predictors"] = {"dswag": {"trajectory": "dswag", "method": "swag"}}
+    raw["evaluate"]["predictors"] = {"dswag": {"dswag": {"method": "swag"}}}
     raw["evaluate"]["plane"]["trajectories"] = []
     prune_landscape(raw)
     parse_params(yaml.safe_load(yaml.safe_dump(raw)))

@@ -35,7 +35,12 @@ def _params(finetune: dict[str, Any], predictors: dict[str, Any], members: int =
     raw["model"] = {"name": "mlp", "hidden": [16]}
     raw["pretrain"].update(epochs=1, batch_size=128, members=members)
     raw["finetune"] = finetune
-    raw["evaluate"]["predictors"] = predictors
+    grouped: dict[str, dict[str, Any]] = {}  # params.yaml lists predictors by trajectory
+    for name, pred in predictors.items():
+        grouped.setdefault(pred["trajectory"], {})[name] = {
+            k: v for k, v in pred.items() if k != "trajectory"
+        }
+    raw["evaluate"]["predictors"] = grouped
     raw["evaluate"]["plane"]["trajectories"] = []
     raw["evaluate"]["dswag_sweep"]["workers"] = []
     prune_landscape(raw)

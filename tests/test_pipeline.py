@@ -52,7 +52,8 @@ LINES = {"mc_swag": {"a": "mc_dropout", "b": "swag"}}
 RAYS = ["swag"]
 SWAG_DIRECTIONS = ["dswag"]
 SHIFTS = {"angles": [0.0, 90.0], "corruptions": ["shot_noise"], "n_points": 50}
-STAGES = {
+# The MLflow runs of one execution: a stage's, or one per unit of a stage of several.
+RUNS = {
     "data",
     "pretrain",
     "init",
@@ -65,6 +66,50 @@ STAGES = {
     *(f"rays@{t}" for t in RAYS),
     *(f"swag_directions@{t}" for t in SWAG_DIRECTIONS),
 }
+# dvc.yaml's stages: evaluate by trajectory, the sweep and the landscape probes in one each.
+STAGES = {
+    "data",
+    "pretrain",
+    "init",
+    "report",
+    "dswag_sweep",
+    "landscape",
+    *(f"finetune@{t}" for t in KEPT_TRAJECTORIES),
+    *(f"evaluate@{spec['trajectory']}" for spec in PREDICTORS.values()),
+}
+# The runs `-S evaluate.predictors.swag.swag.scale=...` makes: its trajectory's predictors.
+SWAG_RUNS = {"evaluate@swa", "evaluate@swag_diag", "evaluate@swag", "report"}
+
+
+def dvc_stage(run: str) -> str:
+    """The DVC stage a run belongs to."""
+    kind, _, name = run.partition("@")
+    if kind == "evaluate":
+        return f"evaluate@{PREDICTORS[name]['trajectory']}"
+    return {"dswag_sweep": "dswag_sweep", "plane": "landscape", "line": "landscape"}.get(
+        kind, "landscape" if kind in ("rays", "swag_directions") else run
+    )
+
+
+def files(pred: str) -> dict[str, Path]:
+    """Where evaluate@<trajectory> writes predictor ``pred``'s files."""
+    traj = PREDICTORS[pred]["trajectory"]
+    return {
+        "metrics": Path("metrics/evaluate") / traj / f"{pred}.json",
+        "reliability": Path("plots/reliability") / traj / f"{pred}.csv",
+        "samples": Path("plots/samples") / traj / f"{pred}.csv",
+        "predictions": Path("predictions") / traj / f"{pred}.npz",
+    }
+
+
+def grouped(predictors: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Predictors as params.yaml lists them: by trajectory."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in predictors.items():
+        out.setdefault(spec["trajectory"], {})[name] = {
+            k: v for k, v in spec.items() if k != "trajectory"
+        }
+    return out
 
 
 def tiny_params() -> dict[str, Any]:
@@ -93,7 +138,7 @@ def tiny_params() -> dict[str, Any]:
         if "members" in traj:
             traj["members"] = ENSEMBLE_MEMBERS
     raw["evaluate"]["n_samples"] = 3
-    raw["evaluate"]["predictors"] = PREDICTORS
+    raw["evaluate"]["predictors"] = grouped(PREDICTORS)
     raw["evaluate"]["plane"].update(trajectories=PLANES, grid=5, n_points=200)
     raw["evaluate"]["shift"].update(SHIFTS)
     raw["evaluate"]["ood"]["n_points"] = 100
@@ -137,7 +182,8 @@ def _runs(repo: Path) -> list[Any]:
 
 def test_params_cover_every_method_and_kind() -> None:
     raw = tiny_params()
-    assert {p["method"] for p in raw["evaluate"]["predictors"].values()} == set(REGISTRY)
+    assert {p["method"] for p in PREDICTORS.values()} == set(REGISTRY)
+    assert grouped(PREDICTORS) == raw["evaluate"]["predictors"]
     kinds = {t.get("kind", "sgd") for t in raw["finetune"].values()}
     assert kinds == {"sgd", "vi", "hwa", "ensemble", "sgld", "dswag"}
     assert any(t.get("sam_rho", 0) > 0 for t in raw["finetune"].values())
@@ -159,7 +205,7 @@ def test_outputs(repo: Path) -> None:
     start = torch.load(repo / "models/pretrain/posterior.pt", weights_only=True)
     assert torch.equal(swag["start_theta"], start["theta"])
     for pred, spec in PREDICTORS.items():
-        metrics = json.loads((repo / "metrics" / f"{pred}.json").read_text())
+        metrics = json.loads((repo / files(pred)["metrics"]).read_text())
         assert {"accuracy", "nll", "ece", "ece15", "brier", "n"} <= set(metrics)
         assert metrics["n"] == 1000
         assert 0.5 < metrics["accuracy"] <= 1, pred
@@ -167,11 +213,11 @@ def test_outputs(repo: Path) -> None:
         assert metrics["n_samples"] == expected, pred
         assert math.isfinite(metrics["sharpness"]) and math.isfinite(metrics["hessian_trace"])
         assert metrics["val"]["n"] == n_val
-        rel = (repo / "plots/reliability" / f"{pred}.csv").read_text().splitlines()
+        rel = (repo / files(pred)["reliability"]).read_text().splitlines()
         assert rel[0].startswith("bin,lower,upper,confidence,accuracy,gap,count")
         assert len(rel) == 1 + 20
         assert sum(int(line.split(",")[-1]) for line in rel[1:]) == 1000
-        samples = (repo / "plots/samples" / f"{pred}.csv").read_text().splitlines()
+        samples = (repo / files(pred)["samples"]).read_text().splitlines()
         assert len(samples) == 1 + metrics["n_samples"]
     for traj in PLANES:
         grid = (repo / "plots/plane" / traj / "grid.csv").read_text().splitlines()
@@ -202,14 +248,14 @@ def test_shift_and_ood_outputs(repo: Path) -> None:
 
     names = ["rotate_0", "rotate_90", "shot_noise"]
     for pred in PREDICTORS:
-        metrics = json.loads((repo / "metrics" / f"{pred}.json").read_text())
+        metrics = json.loads((repo / files(pred)["metrics"]).read_text())
         assert list(metrics["shift"]) == names
         for row in metrics["shift"].values():
             assert set(row) == {"accuracy", "nll", "ece", "brier", "entropy"}
         scores = metrics["ood"]["animal_mnist"]
         assert set(scores) == {"msp", "entropy", "mutual_info"}
         assert all(0 <= v["auroc"] <= 1 for v in scores.values())
-        with np.load(repo / "predictions" / f"{pred}.npz") as found:
+        with np.load(repo / files(pred)["predictions"]) as found:
             assert found["log_probs"].shape == (1000, 10)
             assert found["shift_y"].shape == (50,)
             assert {f"shift.{n}" for n in names} <= set(found.files)
@@ -230,7 +276,7 @@ def test_landscape_outputs(repo: Path) -> None:
 
     line = rows(repo / "plots/landscape/line/mc_swag.csv")
     assert [r["t"] for r in line] == [-1.0, 0.0, 1.0, 2.0]
-    swa = json.loads((repo / "metrics/swa.json").read_text())
+    swa = json.loads((repo / files("swa")["metrics"]).read_text())
     end = next(r for r in line if r["t"] == 1.0)
     assert 1 - end["test_error"] == swa["accuracy"]
     assert end["test_nll"] == pytest.approx(swa["nll"], rel=1e-5)
@@ -317,8 +363,8 @@ def test_mlflow_runs(repo: Path) -> None:
     everything = _runs(repo)
     runs = _stage_runs(everything)
     by_name = {r.info.run_name: r for r in runs}
-    assert set(by_name) == STAGES
-    assert len(runs) == len(STAGES)
+    assert set(by_name) == RUNS
+    assert len(runs) == len(RUNS)
     parents = [r for r in everything if "dvc_stage" not in r.data.tags]
     assert len(parents) == 1, "one parent run for the one dvc repro"
     parent = parents[0]
@@ -326,16 +372,16 @@ def test_mlflow_runs(repo: Path) -> None:
     assert parent.info.status == "FINISHED"
     assert _children(everything, parent) == by_name
     summary = json.loads(parent.data.tags["bayesavg.stages"])
-    assert set(summary["ran"]) == STAGES and summary["reused"] == {}
+    assert set(summary["ran"]) == RUNS and summary["reused"] == {}
     assert summary["ran"]["evaluate@swag"] == by_name["evaluate@swag"].info.run_id
     assert parent.data.tags["mlflow.source.type"] == "LOCAL"
     assert parent.data.tags["mlflow.source.name"] == "dvc repro"
-    for stage, run in by_name.items():
+    for name, run in by_name.items():
         assert run.info.status == "FINISHED"
-        assert run.data.tags["dvc_stage"] == stage
+        assert run.data.tags["dvc_stage"] == dvc_stage(name)
         assert len(run.data.tags["git_commit"]) >= 40
-        run_file = repo / f"runs/{stage}.json"
-        assert json.loads(run_file.read_text())["run_id"] == run.info.run_id
+        record = json.loads((repo / f"runs/{name}.json").read_text())
+        assert record["run_id"] == run.info.run_id and record["dvc_stage"] == dvc_stage(name)
     swag = by_name["evaluate@swag"]
     assert swag.data.tags["mlflow.source.name"] == "stages/evaluate.py"
     assert swag.data.tags["mlflow.source.type"] == "LOCAL"
@@ -375,7 +421,7 @@ def test_mlflow_runs(repo: Path) -> None:
     champion = client.get_model_version_by_alias("bayesavg-mnist5k", "champion")
     assert report.data.tags["registered_model"] == f"models:/bayesavg-mnist5k/{champion.version}"
     val_nll = {
-        p: json.loads((repo / f"metrics/{p}.json").read_text())["val"]["nll"] for p in PREDICTORS
+        p: json.loads((repo / files(p)["metrics"]).read_text())["val"]["nll"] for p in PREDICTORS
     }
     assert champion.tags["predictor"] == min(val_nll, key=val_nll.get)
     artifacts = repo / "mlartifacts"
@@ -405,13 +451,15 @@ def test_outputs_hold_no_run_ids_or_wall_clock(repo: Path) -> None:
             assert "seconds" not in text.splitlines()[0].split(","), f
 
 
-def test_report_names_the_filter_of_every_stage_that_ran(repo: Path) -> None:
-    """The report's list of stages (built from params) is dvc.yaml's: every stage that
-    ran, once, each with the filter that finds its MLflow runs."""
+def test_report_names_the_filter_of_every_run(repo: Path) -> None:
+    """The report's list of runs (built from params) is what the execution made: every
+    run, once, each with the filter that finds it; and each DVC stage tagged on them."""
     md = (repo / "reports/report.md").read_text(encoding="utf-8")
-    listed = re.findall(r"^\| tags\.dvc_stage = '([^']+)' \|$", md, re.M)
-    assert sorted(listed) == sorted(STAGES)
-    assert {r.data.tags["dvc_stage"] for r in _stage_runs(_runs(repo))} == set(listed)
+    listed = re.findall(r"^\| attributes\.run_name = '([^']+)' \|$", md, re.M)
+    assert sorted(listed) == sorted(RUNS)
+    runs = _stage_runs(_runs(repo))
+    assert sorted(r.info.run_name for r in runs) == sorted(listed)
+    assert {r.data.tags["dvc_stage"] for r in runs} == STAGES
 
 
 def test_second_repro_does_nothing(repo: Path) -> None:
@@ -434,7 +482,7 @@ def test_bad_params_stop_before_any_output(repo: Path) -> None:
     params = repo / "params.yaml"
     good = params.read_text()
     watched = [
-        repo / "metrics/swag.json",
+        repo / files("swag")["metrics"],
         repo / "models/swag/posterior.pt",
         repo / "data/prepared",
     ]
@@ -481,23 +529,23 @@ def test_python_without_the_project_fails_in_one_line(repo: Path, tmp_path: Path
 def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store."""
     before = {r.info.run_id for r in _runs(repo)}
-    change = "evaluate.predictors.swag.scale=0.25"
+    change = "evaluate.predictors.swag.swag.scale=0.25"
     sh(repo, str(BIN / "dvc"), "exp", "run", "--temp", "-n", "narrower", "-S", change)
     everything = _runs(repo)
     new = [r for r in everything if r.info.run_id not in before]
     stages = {r.info.run_name: r for r in _stage_runs(new)}
-    assert set(stages) == {"evaluate@swag", "report"}
+    assert set(stages) == SWAG_RUNS
     assert all(r.data.tags["dvc_exp_name"] == "narrower" for r in new)
     (parent,) = [r for r in new if "dvc_stage" not in r.data.tags]
     assert parent.info.run_name == "narrower"
     assert _children(everything, parent) == stages
     summary = json.loads(parent.data.tags["bayesavg.stages"])
-    assert set(summary["ran"]) == {"evaluate@swag", "report"}
+    assert set(summary["ran"]) == SWAG_RUNS
     first = {
         r.info.run_name: r.info.run_id for r in _stage_runs(everything) if r.info.run_id in before
     }
     assert summary["reused"]["finetune@swag"] == first["finetune@swag"]
-    assert set(summary["reused"]) == STAGES - {"evaluate@swag", "report"}
+    assert set(summary["reused"]) == RUNS - SWAG_RUNS
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
 
 
@@ -508,7 +556,7 @@ def test_queued_experiments_in_parallel_get_their_own_parents(repo: Path) -> Non
 
     before = {r.info.run_id for r in _runs(repo)}
     for name, scale in (("wide", "0.75"), ("wider", "1.0")):
-        change = f"evaluate.predictors.swag.scale={scale}"
+        change = f"evaluate.predictors.swag.swag.scale={scale}"
         sh(repo, str(BIN / "dvc"), "exp", "run", "--queue", "-n", name, "-S", change)
     # `dvc queue start` waits for its workers, and a worker that was busy when the queue's
     # monitor saw it empty can stay idle for good (a race in DVC's celery queue, seen here
@@ -543,7 +591,7 @@ def test_queued_experiments_in_parallel_get_their_own_parents(repo: Path) -> Non
     assert set(parents) == {"wide", "wider"}
     for name, parent in parents.items():
         children = _children(everything, parent)
-        assert set(children) == {"evaluate@swag", "report"}, name
+        assert set(children) == SWAG_RUNS, name
         assert all(c.data.tags["dvc_exp_name"] == name for c in children.values())
         scale = children["evaluate@swag"].data.params["predictor.scale"]
         assert scale == {"wide": "0.75", "wider": "1.0"}[name]

@@ -140,9 +140,10 @@ def test_cifar10_preset_runs_end_to_end(tmp_path: Path) -> None:
     environ = env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}")
     proc = sh(repo, DVC, "repro", environ=environ)
     assert "report" in proc.stdout
-    for name in raw["evaluate"]["predictors"]:
-        metrics = json.loads((repo / "metrics" / f"{name}.json").read_text())
-        assert 0 <= metrics["accuracy"] <= 1 and metrics["n"] == 20  # 2 of each class held out
+    for traj, group in raw["evaluate"]["predictors"].items():
+        for name in group:
+            metrics = json.loads((repo / "metrics/evaluate" / traj / f"{name}.json").read_text())
+            assert 0 <= metrics["accuracy"] <= 1 and metrics["n"] == 20  # 2 per class held out
     manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
     assert manifest["input_shape"] == [3, 32, 32]
     assert (repo / "reports" / "report.html").stat().st_size > 0

@@ -82,13 +82,13 @@ def test_method_end_to_end(
     method = REGISTRY[name]
     raw = _raw()
     trajectory = _trajectory_for(parse_params(raw), method)
-    raw["evaluate"]["predictors"] = {"p": {"trajectory": trajectory, "method": name}}
+    raw["evaluate"]["predictors"] = {trajectory: {"p": {"method": name}}}
     params = parse_params(raw)  # a predictor of this method validates
     posterior = posteriors[trajectory]
     prepared = mnist5k_prepared.prepared
     bn_x = posterior.model_input(prepared.train.x[:500], CPU)
     splits = {"val": (posterior.model_input(prepared.val.x, CPU), prepared.val.y)}
-    scale = params.evaluate.predictors["p"].effective_scale()
+    scale = params.evaluate.by_name["p"].effective_scale()
     result = evaluate(posterior, name, splits, n_samples=3, scale=scale, bn_x=bn_x, seed=0)["val"]
     expected = {"one": 1, "members": MEMBERS, "draws": 3}[method.samples]
     assert result.metrics["n_samples"] == expected

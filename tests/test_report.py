@@ -143,7 +143,7 @@ def _inputs() -> ReportInputs:
         ],
         histories={"pretrain": _history(3, 1.0), "swag": _history(2, 0.3)},
         params={"seed": 0, "swag": {"lr": 0.01, "rank": 20}, "methods": ["map", "swa", "swag"]},
-        stages=["pretrain", "finetune@swag", "evaluate@map"],
+        runs=["pretrain", "finetune@swag", "evaluate@map"],
         notes="Tuned the SWAG scale on val <script>alert(1)</script> & kept 0.5.",
         dataset_summary={"dataset": "mnist5k", "train": 3600, "val": 400, "test": 1000},
     )
@@ -196,9 +196,9 @@ def test_tables_list_every_predictor_with_percent_accuracy(
     assert "**98.00**" in md and "<strong>98.00</strong>" in page
     assert "**0.1234**" in md and "<strong>0.1234</strong>" in page
     assert "**97.50**" not in md
-    for stage in inputs.stages:
-        assert f"| tags.dvc_stage = '{stage}' |" in md
-        assert f"<td>tags.dvc_stage = &#39;{stage}&#39;</td>" in page
+    for name in inputs.runs:
+        assert f"| attributes.run_name = '{name}' |" in md
+        assert f"<td>attributes.run_name = &#39;{name}&#39;</td>" in page
 
 
 def test_tempered_vi_is_labelled(

@@ -185,7 +185,7 @@ def kill_params() -> dict[str, Any]:
         traj["epochs"] = 3
         if "members" in traj:
             traj["members"] = 2
-    raw["evaluate"]["predictors"] = {"swa": {"trajectory": "swag", "method": "swa"}}
+    raw["evaluate"]["predictors"] = {"swag": {"swa": {"method": "swa"}}}
     raw["evaluate"]["plane"]["trajectories"] = ["hwa"]
     raw["evaluate"]["dswag_sweep"]["workers"] = []
     prune_landscape(raw)

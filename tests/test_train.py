@@ -129,9 +129,9 @@ def _svi_params() -> Any:
     raw["evaluate"]["dswag_sweep"]["workers"] = []
     prune_landscape(raw)
     raw["evaluate"]["predictors"] = {
-        "vi": {"trajectory": "vi", "method": "vi"},
-        "hwa": {"trajectory": "hwa", "method": "hwa"},
-        "fswag": {"trajectory": "fswag", "method": "swag"},
+        "vi": {"vi": {"method": "vi"}},
+        "hwa": {"hwa": {"method": "hwa"}},
+        "fswag": {"fswag": {"method": "swag"}},
     }
     return parse_params(raw)
 

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
     model_validator,
@@ -393,9 +394,16 @@ STARTS = ("pretrain", "init")  # the stages a trajectory can start from besides 
 
 
 class Predictor(_Section):
-    trajectory: Annotated[str, Field(pattern=_NAME)]
+    """A predictor (``evaluate.predictors.<trajectory>.<name>``): a method over the posterior
+    of the trajectory it is listed under, which its ``trajectory`` names."""
+
     method: Literal[METHODS]  # type: ignore[valid-type]
     scale: NonNegFloat | None = None
+    _trajectory: str = PrivateAttr(default="")
+
+    @property
+    def trajectory(self) -> str:
+        return self._trajectory
 
     def effective_scale(self) -> float:
         """The method's default scale (``methods.REGISTRY``) unless set."""
@@ -566,7 +574,47 @@ class EvaluateParams(_Section):
     batch_size: PosInt = 1000
     bn_update_fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
     ece_bins: Annotated[int, Field(ge=2)] = 20
-    predictors: dict[str, Predictor]
+    # by trajectory: stage evaluate@<trajectory> evaluates the predictors listed under it
+    predictors: dict[str, dict[str, Predictor]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grouped(cls, raw: Any) -> Any:
+        """The flat layout of earlier versions (``predictors.<name>: {trajectory, method}``)
+        gets an error that shows the grouped one."""
+        found = raw.get("predictors") if isinstance(raw, dict) else None
+        for name, entry in (found or {}).items() if isinstance(found, dict) else ():
+            if isinstance(entry, dict) and "method" in entry:
+                where = entry.get("trajectory", "<trajectory>")
+                raise ValueError(
+                    f"predictors.{name}: predictors are listed under their trajectory: "
+                    f"evaluate.predictors.{where}.{name}: {{method: {entry['method']}}}"
+                )
+        return raw
+
+    @model_validator(mode="after")
+    def _bind(self) -> EvaluateParams:
+        """Tell each predictor its trajectory; predictor names are unique across them."""
+        seen: dict[str, str] = {}
+        for trajectory, group in self.predictors.items():
+            if not group:
+                raise ValueError(
+                    f"predictors.{trajectory}: no predictors; list one or remove the entry"
+                )
+            for name, pred in group.items():
+                if name in seen:
+                    raise ValueError(
+                        f"predictors.{trajectory}.{name}: {name!r} is also listed under "
+                        f"{seen[name]}; predictor names are unique"
+                    )
+                seen[name] = trajectory
+                pred._trajectory = trajectory
+        return self
+
+    @property
+    def by_name(self) -> dict[str, Predictor]:
+        """Every predictor by its name, in the order params.yaml lists them."""
+        return {name: pred for group in self.predictors.values() for name, pred in group.items()}
 
 
 class CheckpointParams(_Section):
@@ -653,27 +701,27 @@ class Params(_Section):
                 f"evaluate.dswag_sweep.trajectory: {sweep.trajectory!r} is not a finetune "
                 "trajectory of kind dswag (or set workers: [])"
             )
-        for w in sweep.workers:
-            if f"{sweep.trajectory}_w{w}" in self.finetune:
-                raise ValueError(
-                    f"finetune.{sweep.trajectory}_w{w}: the name is the worker sweep's "
-                    f"(models/{sweep.trajectory}_w{w}); rename the trajectory"
-                )
+        if sweep.workers and f"{sweep.trajectory}_sweep" in self.finetune:
+            raise ValueError(
+                f"finetune.{sweep.trajectory}_sweep: the name is the worker sweep's "
+                f"(models/{sweep.trajectory}_sweep); rename the trajectory"
+            )
         if sweep.workers and self.finetune[sweep.trajectory].start != "init":
             raise ValueError(
                 f"evaluate.dswag_sweep.trajectory: {sweep.trajectory} must start from init "
                 "(the sweep trains every W from the same fresh network, as the paper)"
             )
-        for name, pred in self.evaluate.predictors.items():
-            key = f"evaluate.predictors.{name}"
+        for trajectory in self.evaluate.predictors:
+            if trajectory not in self.finetune:
+                raise ValueError(
+                    f"evaluate.predictors.{trajectory}: {trajectory!r} is not a finetune "
+                    f"trajectory ({', '.join(self.finetune)})"
+                )
+        for name, pred in self.evaluate.by_name.items():
+            key = f"evaluate.predictors.{pred.trajectory}.{name}"
             if not re.fullmatch(_NAME, name):
                 raise ValueError(f"{key}: predictor names are lower-case identifiers")
-            traj = self.finetune.get(pred.trajectory)
-            if traj is None:
-                raise ValueError(
-                    f"{key}.trajectory: {pred.trajectory!r} is not a finetune trajectory "
-                    f"({', '.join(self.finetune)})"
-                )
+            traj = self.finetune[pred.trajectory]
             method = REGISTRY[pred.method]
             if method.stochastic_dropout and self.dropout_of(pred.trajectory) == 0:
                 raise ValueError(

@@ -107,8 +107,8 @@ def _figures(inputs: ReportInputs, pngs: dict[str, bytes]) -> list[Block]:
 def _appendix(inputs: ReportInputs) -> list[Block]:
     """Tuning notes, the parameters and where the MLflow runs are: how to reproduce the run."""
     runs = Table(
-        ["MLflow search filter, per stage"],
-        [[Cell(f"tags.dvc_stage = '{s}'")] for s in inputs.stages],
+        ["MLflow search filter, per run"],
+        [[Cell(f"attributes.run_name = '{name}'")] for name in inputs.runs],
     )
     return [
         Heading(2, "Tuning"),
@@ -117,10 +117,12 @@ def _appendix(inputs: ReportInputs) -> list[Block]:
         Preformatted(yaml.safe_dump(inputs.params, sort_keys=False), "yaml"),
         Heading(2, "MLflow runs"),
         Paragraph(
-            "Every stage is an MLflow run named after it, and each pipeline execution one "
-            "parent run over its stages. Run ids change with every execution, so they are "
+            "Every stage is an MLflow run named after it, or one per unit where a stage runs "
+            "several (evaluate@TRAJECTORY: a run per predictor; dswag_sweep: per W; "
+            "landscape: per probe), tagged dvc_stage with the stage; each pipeline execution "
+            "is one parent run over them. Run ids change with every execution, so they are "
             "not in this report, whose bytes a rerun reproduces: this workspace's are in "
-            "runs/STAGE.json, and each stage's runs are found by its filter below."
+            "runs/RUN.json, and each run's executions are found by its filter below."
         ),
         TableBlock(runs),
     ]

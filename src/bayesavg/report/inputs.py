@@ -194,7 +194,7 @@ class ReportInputs:
     predictors: list[PredictorResult]
     histories: dict[str, list[dict[str, float]]]
     params: dict[str, Any]
-    stages: list[str]  # the pipeline's tracked stages, each an MLflow run per execution
+    runs: list[str]  # the pipeline's MLflow run names (a stage's, or a unit's of a stage)
     baseline: str = "map"
     notes: str = ""
     dataset_summary: dict[str, Any] = field(default_factory=dict)

@@ -46,7 +46,7 @@ def test_preset_is_the_swag_papers_protocol(name: str, swa_lr: float, dataset: s
     assert sgd.schedule.lr_end == pytest.approx(0.01 * sgd.schedule.lr)
     assert sgd.schedule.decay_epochs is None  # over all 300 epochs
     assert p.evaluate.n_samples == 30
-    assert p.evaluate.predictors["swag"].effective_scale() == 0.5
+    assert p.evaluate.by_name["swag"].effective_scale() == 0.5
     assert p.finetune["fswag"].sam_rho > 0
 
 

@@ -499,3 +499,25 @@ def test_sections_embed_every_drawn_figure(inputs: ReportInputs, pngs: dict[str,
 
 def test_drawing_twice_is_byte_identical(inputs: ReportInputs, pngs: dict[str, bytes]) -> None:
     assert analyses.draw(inputs) == pngs
+
+
+@pytest.mark.parametrize("n", [3, 6, 8, 9, 24])
+def test_permutation_p_is_the_one_permutation_at_a_time_count(n: int) -> None:
+    """The vectorised permutation test counts exactly what a loop over the same
+    permutations (all of them up to 8 points, else the seeded draws) counts, ties too."""
+    import itertools
+
+    gen = np.random.default_rng(n)
+    x = gen.integers(0, 4, n).astype(float).tolist()
+    y = (gen.normal(size=n) + np.asarray(x)).round(1).tolist()
+    rx, ry = num.ranks(np.asarray(x)), num.ranks(np.asarray(y))
+    observed = num._pearson(rx, ry)
+    if n <= num.EXACT_PERMUTATIONS_MAX:
+        orders = [np.asarray(p) for p in itertools.permutations(range(n))]
+        rhos = [num._pearson(rx, ry[p]) for p in orders]
+    else:
+        rng = np.random.default_rng(0)
+        draws = range(num.RANDOM_PERMUTATIONS)
+        rhos = [observed] + [num._pearson(rx, rng.permutation(ry)) for _ in draws]
+    expected = float(np.mean([r >= observed - 1e-12 for r in rhos]))
+    assert num.permutation_p(x, y) == expected

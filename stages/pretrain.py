@@ -1,8 +1,13 @@
-"""Stage `pretrain`: deterministic SGD; writes the weights and their sha256.
+"""Stage `pretrain`: the networks trajectories start from, each with its sha256.
 
-Resumable like fine-tuning (checkpoints/pretrain.pt), members included. With
-`BAYESAVG_NPROC` > 1 it runs on that many processes (torchrun), each training
-its share of the members; rank 0 tracks and writes.
+- `models/pretrain`: deterministic SGD (run `pretrain`). Resumable like
+  fine-tuning (checkpoints/pretrain.pt), members included. With
+  `BAYESAVG_NPROC` > 1 it runs on that many processes (torchrun), each
+  training its share of the members; rank 0 tracks and writes.
+- `models/init`: the fresh, seeded network of `start: init` trajectories (run
+  `init`): every distributed SWAG run (the `dswag` trajectory and each W of
+  the sweep) starts from it, as in the paper. Rewritten with the same bytes
+  when only pretraining's params change, so nothing downstream of it reruns.
 """
 
 from pathlib import Path
@@ -20,9 +25,11 @@ from _common import (
     write_history,
 )
 
+from bayesavg.config import Params
 from bayesavg.io import sha256_file, write_json, write_text
 
 OUT = Path("models/pretrain/posterior.pt")
+INIT = Path("models/init/posterior.pt")
 
 
 def run() -> None:
@@ -63,6 +70,18 @@ def run() -> None:
         mlrun.log_history(result.history)
         mlrun.log_artifact(OUT.with_suffix(".sha256"))
     ckpt.remove()
+    _init(p)
+
+
+def _init(p: Params) -> None:
+    from bayesavg.data import load_prepared
+    from bayesavg.posterior_file import save_posterior
+    from bayesavg.trajectories import initial_network
+
+    with tracked("init", p, {"model": p.model.model_dump()}, [MANIFEST]) as mlrun:
+        save_posterior(INIT, initial_network(p, load_prepared(PREPARED)))
+        write_text(INIT.with_suffix(".sha256"), f"{sha256_file(INIT)}  {INIT.name}\n")
+        mark_outputs(mlrun, [INIT])
 
 
 if __name__ == "__main__":

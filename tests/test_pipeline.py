@@ -66,11 +66,11 @@ RUNS = {
     *(f"rays@{t}" for t in RAYS),
     *(f"swag_directions@{t}" for t in SWAG_DIRECTIONS),
 }
-# dvc.yaml's stages: evaluate by trajectory, the sweep and the landscape probes in one each.
+# dvc.yaml's stages: evaluate by trajectory, the sweep and the landscape probes in one
+# each, and init's fresh network written by pretrain.
 STAGES = {
     "data",
     "pretrain",
-    "init",
     "report",
     "dswag_sweep",
     "landscape",
@@ -86,9 +86,9 @@ def dvc_stage(run: str) -> str:
     kind, _, name = run.partition("@")
     if kind == "evaluate":
         return f"evaluate@{PREDICTORS[name]['trajectory']}"
-    return {"dswag_sweep": "dswag_sweep", "plane": "landscape", "line": "landscape"}.get(
-        kind, "landscape" if kind in ("rays", "swag_directions") else run
-    )
+    if kind in ("plane", "line", "rays", "swag_directions"):
+        return "landscape"
+    return {"dswag_sweep": "dswag_sweep", "init": "pretrain"}.get(kind, run)
 
 
 def files(pred: str) -> dict[str, Path]:

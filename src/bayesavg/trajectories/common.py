@@ -36,11 +36,10 @@ class RunResult:
 def compute_for(params: Params, device: torch.device, world: World | None = None) -> Compute:
     """The params' precision, layout and augmentation on ``device`` (and ``world``).
 
-    ``channels_last: auto`` is on for CUDA only: on the CPU it would change
-    the bytes of the default pipeline for little gain at LeNet-5's size.
+    ``channels_last: auto`` is on, CPU included (conv nets only: the layout of
+    other tensors does not change).
     """
-    layout = params.channels_last
-    channels_last = device.type == "cuda" if layout == "auto" else bool(layout)
+    channels_last = params.channels_last in ("auto", True)
     aug = params.data.augment
     return Compute(
         device=device,

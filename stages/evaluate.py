@@ -198,6 +198,34 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
         data, posterior = found.data, found.posterior
         bn_x = found.bn_x if needs_bn_data(pred.method) else None
         subset, listed = found.subset, found.listed
+        # Sent first: the worker logs the served model while this process measures
+        # sharpness and writes the files (for the last predictor, instead of after).
+        bn_images = None
+        if bn_x is not None:
+            # The BatchNorm images the served model needs: the tracking worker copies them
+            # into the model later, so they go where they outlive the run.
+            bn_images = scratch() / "bn_images.pt"
+            if not bn_images.exists():
+                import torch
+
+                torch.save(bn_subset(data.train, e.bn_update_fraction, p.seed).x, bn_images)
+        mlrun.log_model(
+            name=name,
+            posterior=str(posterior_file),
+            digest=digest(posterior_file),
+            config=PredictorConfig(
+                method=pred.method,
+                scale=pred.effective_scale(),
+                n_samples=e.n_samples,
+                seed=derive_seed(p.seed, "evaluate", name),
+                batch_size=e.batch_size,
+            ).as_mapping(),
+            input_shape=list(posterior.input_shape),
+            num_classes=posterior.num_classes,
+            example=data.test.x[:2].tolist(),
+            code=str(MODEL_CODE),
+            bn_images=None if bn_images is None else str(bn_images),
+        )
         sharp = _sharpness(p, pred.method, found, bn_x, device)
         result = results["test"]
         shift = {s.name: _pick(results[f"shift.{s.name}"].metrics) for s in listed}
@@ -247,32 +275,6 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
         mlrun.log_history(result.by_samples, step_key="samples", prefix="by_samples/")
         mlrun.log_artifact(files.reliability, "plots")
         mlrun.log_artifact(files.predictions, "predictions")
-        bn_images = None
-        if bn_x is not None:
-            # The BatchNorm images the served model needs: the tracking worker copies them
-            # into the model later, so they go where they outlive the run.
-            bn_images = scratch() / "bn_images.pt"
-            if not bn_images.exists():
-                import torch
-
-                torch.save(bn_subset(data.train, e.bn_update_fraction, p.seed).x, bn_images)
-        mlrun.log_model(
-            name=name,
-            posterior=str(posterior_file),
-            digest=digest(posterior_file),
-            config=PredictorConfig(
-                method=pred.method,
-                scale=pred.effective_scale(),
-                n_samples=e.n_samples,
-                seed=derive_seed(p.seed, "evaluate", name),
-                batch_size=e.batch_size,
-            ).as_mapping(),
-            input_shape=list(posterior.input_shape),
-            num_classes=posterior.num_classes,
-            example=data.test.x[:2].tolist(),
-            code=str(MODEL_CODE),
-            bn_images=None if bn_images is None else str(bn_images),
-        )
 
 
 _SHARPNESS: dict[tuple[int, str, bool], dict[str, float]] = {}

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import torch
 
 from bayesavg.seeding import seed_everything
+
+
+def _draws() -> tuple[Any, ...]:
+    return (torch.rand(5), torch.randn(3, 2), torch.randperm(9), random.random(), np.random.rand())
 
 
 def test_seed_everything_gives_torch_manual_seeds_streams() -> None:
@@ -17,22 +22,10 @@ def test_seed_everything_gives_torch_manual_seeds_streams() -> None:
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        expected = (
-            torch.rand(5),
-            torch.randn(3, 2),
-            torch.randperm(9),
-            random.random(),
-            np.random.rand(),
-        )
+        expected = _draws()
         torch.manual_seed(seed + 1)  # a different state in between
         seed_everything(seed)
-        got = (
-            torch.rand(5),
-            torch.randn(3, 2),
-            torch.randperm(9),
-            random.random(),
-            np.random.rand(),
-        )
+        got = _draws()
         for a, b in zip(expected[:3], got[:3], strict=True):
             assert torch.equal(a, b)
         assert expected[3:] == got[3:]

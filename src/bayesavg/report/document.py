@@ -119,10 +119,11 @@ def _appendix(inputs: ReportInputs) -> list[Block]:
         Paragraph(
             "Every stage is an MLflow run named after it, or one per unit where a stage runs "
             "several (evaluate@TRAJECTORY: a run per predictor; dswag_sweep: per W; "
-            "landscape: per probe), tagged dvc_stage with the stage; each pipeline execution "
-            "is one parent run over them. Run ids change with every execution, so they are "
-            "not in this report, whose bytes a rerun reproduces: this workspace's are in "
-            "runs/RUN.json, and each run's executions are found by its filter below."
+            "landscape: per probe; pretrain: also init), tagged dvc_stage with the stage; each "
+            "pipeline execution is one parent run over them. Run ids change with every "
+            "execution, so they are not in this report, whose bytes a rerun reproduces: this "
+            "workspace's are in runs/RUN.json, and each run's executions are found by its filter "
+            "below."
         ),
         TableBlock(runs),
     ]

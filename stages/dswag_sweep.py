@@ -79,7 +79,8 @@ def run() -> None:
     def share() -> None:
         data = load_prepared(PREPARED)
         for w in chosen:
-            finetune_dswag(p, variant(w)[0], data, start, device, variant(w)[1])
+            name, traj = variant(w)
+            finetune_dswag(p, name, data, start, device, traj)
 
     if delegated(share):
         return

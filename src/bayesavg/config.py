@@ -583,7 +583,9 @@ class EvaluateParams(_Section):
         """The flat layout of earlier versions (``predictors.<name>: {trajectory, method}``)
         gets an error that shows the grouped one."""
         found = raw.get("predictors") if isinstance(raw, dict) else None
-        for name, entry in (found or {}).items() if isinstance(found, dict) else ():
+        if not isinstance(found, dict):
+            return raw
+        for name, entry in found.items():
             if isinstance(entry, dict) and "method" in entry:
                 where = entry.get("trajectory", "<trajectory>")
                 raise ValueError(

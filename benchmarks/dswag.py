@@ -3,7 +3,7 @@
 (a) The default ``dswag`` trajectory (params.yaml) on mnist5k with LeNet-5,
     run on 1 and on 2 processes (one intra-op thread each,
     ``BAYESAVG_THREADS=1``) through the same launcher the pipeline uses
-    (torchrun via ``bayesavg.launch``). The time is that of ``run_dswag`` on
+    (torchrun via ``bayesavg.runtime.launch``). The time is that of ``run_dswag`` on
     rank 0 once every rank has joined (training, gathering, evaluating); the
     whole process (torch imports, data, rendezvous) is reported too.
     Runs alternate 1, 2, 2, 1, ... so load drift hits both alike; the
@@ -45,15 +45,15 @@ def job(args: argparse.Namespace) -> None:
 
     import torch
 
-    from bayesavg import numerics
     from bayesavg.config import load_params
     from bayesavg.data import prepare
-    from bayesavg.distributed import join
     from bayesavg.dswag import run_dswag
-    from bayesavg.io import write_text
     from bayesavg.models import build_model
-    from bayesavg.posterior_file import save_posterior
+    from bayesavg.posteriors.file import save_posterior
+    from bayesavg.runtime import numerics
+    from bayesavg.runtime.io import write_text
     from bayesavg.seeding import seed_everything
+    from bayesavg.training.distributed import join
     from bayesavg.trajectories import posterior_fields, tensors
 
     torch.set_num_threads(numerics.threads())  # the data's statistics too: same on every count
@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:
-        from bayesavg import launch
+        from bayesavg.runtime import launch
 
         if launch.should_relaunch():
             launch.relaunch([__file__, *sys.argv[1:]])

@@ -7,7 +7,7 @@ warm-up, and the median and range over rounds are reported. Nothing is
 asserted; the targets are printed next to the measurements.
 
 (a) Fine-tuning throughput of LeNet-5 on the in-memory mnist5k train split:
-    ``bayesavg.train.train`` with SWAG collection (the ``after_step`` hook of
+    ``bayesavg.training.train.train`` with SWAG collection (the ``after_step`` hook of
     ``trajectories.finetune``), without it, and a bare PyTorch loop.
 (b) 30-sample SWAG evaluation on the test split: ``bayesavg.evaluate.evaluate``
     against the lower bound of S forward passes (plus S BatchNorm passes over
@@ -48,13 +48,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from bayesavg import models
 from bayesavg.data import prepare, to_input
 from bayesavg.evaluate import evaluate
-from bayesavg.io import write_text
-from bayesavg.posterior_file import PosteriorFile
 from bayesavg.posteriors import HWA, SWAG, MeanFieldVI, svi_step
-from bayesavg.sam import sam_step
+from bayesavg.posteriors.file import PosteriorFile
+from bayesavg.runtime.io import write_text
 from bayesavg.seeding import derive_seed, generator, resolve_device, seed_everything
 from bayesavg.sgld import SGLD
-from bayesavg.train import Tensors, lr_at, sgd, sgd_step, train
+from bayesavg.training.sam import sam_step
+from bayesavg.training.train import Tensors, lr_at, sgd, sgd_step, train
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 SEED = 0
@@ -206,7 +206,7 @@ def run_train(
     batch_size: int,
     collect_every: int | None,
 ) -> Outcome:
-    """``bayesavg.train.train`` with SWAG collection as in ``trajectories.finetune``.
+    """``bayesavg.training.train.train`` with SWAG collection as in ``trajectories.finetune``.
 
     ``collect_every``: None = no collection, 0 = each epoch, k = every k iterations.
     """

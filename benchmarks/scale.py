@@ -37,13 +37,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from run import Outcome, fmt_range, interleave, machine_info, median_range, per_round_ratios
 
-from bayesavg.augment import Augment, apply, draw_epoch
 from bayesavg.config import Params, parse_params
 from bayesavg.data import Prepared, Split, channel_stats, prepare
-from bayesavg.distributed import World
-from bayesavg.io import write_text
 from bayesavg.models import build_model
-from bayesavg.train import Compute
+from bayesavg.runtime.io import write_text
+from bayesavg.training.augment import Augment, apply, draw_epoch
+from bayesavg.training.distributed import World
+from bayesavg.training.train import Compute
 from bayesavg.trajectories import finetune, initial_network
 from bayesavg.trajectories import run as run_module
 

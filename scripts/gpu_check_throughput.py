@@ -25,11 +25,11 @@ import torch
 from gpu_check_parts import MEAN, STD, Size, cifar_shaped, peak_mib, reset_peak, rotated, timed
 from torch import nn
 
-from bayesavg.augment import Augment, apply, draw_epoch
 from bayesavg.config import Trajectory
 from bayesavg.models import build_model
-from bayesavg.precision import Precision
-from bayesavg.train import Compute, StepContext, TrainData, batches_per_epoch, train
+from bayesavg.training.augment import Augment, apply, draw_epoch
+from bayesavg.training.precision import Precision
+from bayesavg.training.train import Compute, StepContext, TrainData, batches_per_epoch, train
 from bayesavg.trajectories import gradient
 
 MODELS = {"preresnet20": ("preresnet", {"depth": 20}), "wideresnet28x10": ("wideresnet28x10", {})}
@@ -53,11 +53,11 @@ def _modes(deterministic: bool, benchmark: bool) -> Iterator[None]:
 
 
 def _ours(model_name: str, device: torch.device, prec: Precision, x, y, size: Size) -> Epoch:
-    """One epoch of ``bayesavg.train.train`` with a SWAG trajectory's plan (``gradient.plan``:
-    its step, optimizer and SWAG collector, snapshots timed by ``Trajectory.collects_after``),
-    the data on the device as uint8, crop + flip on the device, channels-last and autocast
-    on CUDA. ``run_plan`` is not called: it adds a validation pass per epoch, work the bare
-    loop does not do (see benchmarks/README.md)."""
+    """One epoch of ``bayesavg.training.train.train`` with a SWAG trajectory's plan
+    (``gradient.plan``: its step, optimizer and SWAG collector, snapshots timed by
+    ``Trajectory.collects_after``), the data on the device as uint8, crop + flip on the
+    device, channels-last and autocast on CUDA. ``run_plan`` is not called: it adds a
+    validation pass per epoch, work the bare loop does not do (see benchmarks/README.md)."""
     name, kwargs = MODELS[model_name]
     augment = Augment(4, True)
     compute = Compute(device, prec, device.type == "cuda", augment=augment)
@@ -106,7 +106,7 @@ def _ours(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
 def _bare(model_name: str, device: torch.device, prec: Precision, x, y, size: Size) -> Epoch:
     """The same training in plain PyTorch: ``torch.optim.SGD``, ``torch.autocast`` (bf16 on
     CUDA), channels-last on CUDA, the data on the device, crop + flip by the same
-    ``bayesavg.augment`` ops; no schedule, metrics, checks or SWAG collection."""
+    ``bayesavg.training.augment`` ops; no schedule, metrics, checks or SWAG collection."""
     name, kwargs = MODELS[model_name]
     layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     model = build_model(name, (3, 32, 32), 10, kwargs).to(device, memory_format=layout)

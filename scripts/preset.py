@@ -23,7 +23,7 @@ PRESETS = ROOT / "presets"
 sys.path.insert(0, str(ROOT / "src"))
 
 from bayesavg.config import parse_params  # noqa: E402
-from bayesavg.errors import UserError  # noqa: E402
+from bayesavg.runtime.errors import UserError  # noqa: E402
 
 
 def names() -> list[str]:

@@ -6,8 +6,8 @@ with whatever ``python`` is first on PATH, which would fail with a
 looked up, not imported). Then, before anything heavy is imported, start
 the MLflow tracking worker, so that its ~2 s of importing mlflow and
 opening the store overlap the stage's own imports and work
-(``bayesavg.tracking_worker``). Before torch is imported, fix the thread count
-and the instruction set (``bayesavg.numerics``), so the stage computes the
+(``bayesavg.tracking.worker``). Before torch is imported, fix the thread count
+and the instruction set (``bayesavg.runtime.numerics``), so the stage computes the
 same bytes on any x86-64 CPU; torchrun's ranks inherit them. Stages in
 ``UNTRACKED`` log nothing, and of a torchrun job only rank 0 does.
 """
@@ -33,13 +33,13 @@ if missing:
     )
     sys.exit(2)
 
-from bayesavg import numerics  # noqa: E402  (after the check above)
-from bayesavg.entry import run_entry  # noqa: E402
+from bayesavg.runtime import numerics  # noqa: E402  (after the check above)
+from bayesavg.runtime.entry import run_entry  # noqa: E402
 
 run_entry(numerics.pin)  # a bad BAYESAVG_THREADS or BAYESAVG_NUMERICS: one line, exit 2
 
-from bayesavg.tracking import default_store  # noqa: E402
-from bayesavg.tracking_worker import Tracker  # noqa: E402
+from bayesavg.tracking.source import default_store  # noqa: E402
+from bayesavg.tracking.worker import Tracker  # noqa: E402
 
 
 def project_root() -> Path:

@@ -24,13 +24,13 @@ from typing import Any, NamedTuple
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
 
-from bayesavg import launch, numerics
-from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import Params, load_params
-from bayesavg.entry import run_entry
-from bayesavg.io import sha256_file, write_csv, write_json
-from bayesavg.tracking import default_store, git_commit, source_tags
-from bayesavg.tracking_worker import Tracker
+from bayesavg.runtime import launch, numerics
+from bayesavg.runtime.checkpoint import Checkpoint
+from bayesavg.runtime.entry import run_entry
+from bayesavg.runtime.io import sha256_file, write_csv, write_json
+from bayesavg.tracking.source import default_store, git_commit, source_tags
+from bayesavg.tracking.worker import Tracker
 
 PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")

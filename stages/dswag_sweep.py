@@ -30,15 +30,15 @@ from _common import (
     write_history,
 )
 
-from bayesavg.errors import UserError
-from bayesavg.io import write_csv, write_json
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import write_csv, write_json
 
 if TYPE_CHECKING:
     import torch
 
     from bayesavg.config import DSWAGTrajectory, Params
     from bayesavg.data import Prepared
-    from bayesavg.posterior_file import PosteriorFile
+    from bayesavg.posteriors.file import PosteriorFile
 
 PREDICTORS = {"fedavg": "map", "dswa": "swa", "dswag": "swag"}
 METRICS = Path("metrics/dswag_sweep")
@@ -53,10 +53,10 @@ def sweep_model(trajectory: str, w: int) -> Path:
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.data import load_prepared
-    from bayesavg.distributed import local_device
     from bayesavg.dswag import finetune_dswag
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors.file import load_posterior
     from bayesavg.seeding import resolve_device
+    from bayesavg.training.distributed import local_device
 
     p = params()
     sweep = p.evaluate.dswag_sweep
@@ -102,7 +102,7 @@ def _point(
     """Train the sweep's trajectory on ``w`` clients, evaluate it, write its files."""
     from bayesavg.dswag import finetune_dswag
     from bayesavg.evaluate import bn_subset, evaluate
-    from bayesavg.posterior_file import save_posterior
+    from bayesavg.posteriors.file import save_posterior
     from bayesavg.seeding import derive_seed
     from bayesavg.sweep import rounds_to_target, sigma_distance
 

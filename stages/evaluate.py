@@ -7,7 +7,7 @@ like finetune (torchrun; default 1: this process): every rank loads the same
 inputs and predicts with the posterior samples it owns, predictor after
 predictor; rank 0 combines them in sample order (bitwise what one process
 gives), measures sharpness, tracks and writes. Every rank, and the single
-process, runs `BAYESAVG_THREADS` intra-op threads (``bayesavg.numerics``).
+process, runs `BAYESAVG_THREADS` intra-op threads (``bayesavg.runtime.numerics``).
 
     python stages/evaluate.py <trajectory>               # all its predictors
     python stages/evaluate.py <trajectory> <predictor>   # one of them
@@ -31,18 +31,18 @@ from _common import (
     tracked,
 )
 
-from bayesavg.errors import UserError
-from bayesavg.io import write_csv, write_json, write_npz
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import write_csv, write_json, write_npz
 
 if TYPE_CHECKING:
     import torch
 
     from bayesavg.config import Params
     from bayesavg.data import Prepared, Split
-    from bayesavg.distributed import World
     from bayesavg.evaluate import Evaluation
-    from bayesavg.posterior_file import PosteriorFile
+    from bayesavg.posteriors.file import PosteriorFile
     from bayesavg.shift import Shift
+    from bayesavg.training.distributed import World
 
 SHIFT_KEYS = ("accuracy", "nll", "ece", "brier", "entropy")
 
@@ -66,7 +66,7 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
     from bayesavg.data import load_prepared
     from bayesavg.evaluate import bn_subset, needs_bn_data
     from bayesavg.extra_sets import ood_images, shift_subset, shifted
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors.file import load_posterior
     from bayesavg.shift import shifts
 
     e = p.evaluate
@@ -107,8 +107,8 @@ def predict(
 ) -> dict[str, Evaluation]:
     """This rank's share of the BMA (``evaluate``); the results on rank 0, {} on others."""
     from bayesavg.evaluate import evaluate, needs_bn_data
-    from bayesavg.precision import precision_for
     from bayesavg.seeding import derive_seed
+    from bayesavg.training.precision import precision_for
 
     pred, e = p.evaluate.by_name[name], p.evaluate
     return evaluate(
@@ -131,8 +131,8 @@ def predict(
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
-    from bayesavg.distributed import World, current_world, leave, local_device
     from bayesavg.seeding import resolve_device
+    from bayesavg.training.distributed import World, current_world, leave, local_device
 
     p = params()
     trajectory, names = _args(p)

@@ -25,17 +25,17 @@ from _common import (
     write_history,
 )
 
-from bayesavg.errors import UserError
+from bayesavg.runtime.errors import UserError
 
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.config import DSWAGTrajectory
     from bayesavg.data import load_prepared
-    from bayesavg.distributed import current_world, leave, local_device
     from bayesavg.dswag import finetune_dswag
-    from bayesavg.posterior_file import load_posterior, save_posterior
+    from bayesavg.posteriors.file import load_posterior, save_posterior
     from bayesavg.seeding import resolve_device
+    from bayesavg.training.distributed import current_world, leave, local_device
     from bayesavg.trajectories import compute_for, finetune
 
     p = params()

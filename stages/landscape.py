@@ -23,8 +23,8 @@ from typing import Any
 from _common import MANIFEST, PREPARED, main, params, tracked
 
 from bayesavg.config import Params
-from bayesavg.errors import UserError
-from bayesavg.io import write_csv, write_json
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import write_csv, write_json
 
 PLOTS = Path("plots/landscape")
 METRICS = Path("metrics/landscape")
@@ -101,7 +101,7 @@ class _Context:
 def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
     from bayesavg.landscape import line
     from bayesavg.models import for_inference
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors.file import load_posterior
     from bayesavg.sampling import trajectory_centre
 
     spec = p.evaluate.landscape.lines[name]
@@ -142,7 +142,7 @@ def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
 def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
     from bayesavg.landscape import filter_normalise, random_directions, ray, ray_width
     from bayesavg.models import for_inference
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors.file import load_posterior
     from bayesavg.sampling import trajectory_centre
     from bayesavg.seeding import derive_seed
 
@@ -186,8 +186,8 @@ def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
 def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
     from bayesavg.landscape import principal_directions, ray
     from bayesavg.models import for_inference
-    from bayesavg.posterior_file import load_posterior
     from bayesavg.posteriors import SWAG
+    from bayesavg.posteriors.file import load_posterior
     from bayesavg.seeding import derive_seed
     from bayesavg.sweep import sigma_distance
 
@@ -232,7 +232,7 @@ def _plane(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list
     from bayesavg.data import load_prepared
     from bayesavg.models import for_inference
     from bayesavg.plane import loss_plane
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors.file import load_posterior
     from bayesavg.seeding import derive_seed, resolve_device
 
     pp = p.evaluate.plane

@@ -26,7 +26,7 @@ from _common import (
 )
 
 from bayesavg.config import Params
-from bayesavg.io import sha256_file, write_json, write_text
+from bayesavg.runtime.io import sha256_file, write_json, write_text
 
 OUT = Path("models/pretrain/posterior.pt")
 INIT = Path("models/init/posterior.pt")
@@ -35,9 +35,9 @@ INIT = Path("models/init/posterior.pt")
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.data import load_prepared
-    from bayesavg.distributed import current_world, leave, local_device
-    from bayesavg.posterior_file import save_posterior
+    from bayesavg.posteriors.file import save_posterior
     from bayesavg.seeding import resolve_device
+    from bayesavg.training.distributed import current_world, leave, local_device
     from bayesavg.trajectories import compute_for, pretrain_members
 
     p = params()
@@ -75,7 +75,7 @@ def run() -> None:
 
 def _init(p: Params) -> None:
     from bayesavg.data import load_prepared
-    from bayesavg.posterior_file import save_posterior
+    from bayesavg.posteriors.file import save_posterior
     from bayesavg.trajectories import initial_network
 
     with tracked("init", p, {"model": p.model.model_dump()}, [MANIFEST]) as mlrun:

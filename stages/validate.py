@@ -7,8 +7,8 @@ stage never causes downstream re-runs by itself.
 
 from _common import RUNS, main, params
 
-from bayesavg.errors import UserError
-from bayesavg.io import write_json
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import write_json
 from bayesavg.shift import shifts
 
 

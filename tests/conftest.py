@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bayesavg import numerics
+from bayesavg.runtime import numerics
 
 numerics.pin()  # before torch, as every stage does: tests compute what the stages compute
 
@@ -18,8 +18,8 @@ from torch import nn
 
 from bayesavg.data import Prepared, prepare, to_input
 from bayesavg.models import build_model
-from bayesavg.posterior_file import PosteriorFile, save_posterior
 from bayesavg.posteriors import SWAG
+from bayesavg.posteriors.file import PosteriorFile, save_posterior
 
 MNIST5K_DATA = {"dataset": "mnist5k", "seed": 0, "test_fraction": 0.2, "val_fraction": 0.1}
 

@@ -19,13 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import parse_params
 from bayesavg.data import Prepared, Split, channel_stats
-from bayesavg.distributed import World
-from bayesavg.flat import params_vector
-from bayesavg.posterior_file import PosteriorFile
-from bayesavg.train import Compute
+from bayesavg.posteriors.file import PosteriorFile
+from bayesavg.runtime.checkpoint import Checkpoint
+from bayesavg.training.distributed import World
+from bayesavg.training.flat import params_vector
+from bayesavg.training.train import Compute
 from bayesavg.trajectories import finetune, pretrain_members, run
 
 RANK_TIMEOUT = timedelta(seconds=90)

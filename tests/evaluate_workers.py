@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bayesavg.distributed import join, leave
 from bayesavg.evaluate import Evaluation, evaluate
 from bayesavg.models import build_model
-from bayesavg.posterior_file import PosteriorFile
 from bayesavg.posteriors import SWAG
+from bayesavg.posteriors.file import PosteriorFile
+from bayesavg.training.distributed import join, leave
 
 CLASSES = 3
 FEATURES = 12

@@ -2,7 +2,7 @@
 
 Run as a script (``python tests/numerics_probe.py PREPARED_DIR``), natively and under
 an emulated CPU (``qemu-x86_64 -cpu Haswell``), by ``tests/test_numerics.py``: the
-pins in ``bayesavg.numerics`` make the digests the same. What it runs is the
+pins in ``bayesavg.runtime.numerics`` make the digests the same. What it runs is the
 pipeline's own code on an mnist5k subset: LeNet-5 pretrained from its seed for 16
 SGD steps; from there 16 steps of the SWAG trajectory with a snapshot every 4 and 16
 steps of mean-field VI (Adam); one SWAG sample evaluated on 200 test images.
@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "src"))
 
-from bayesavg import numerics
+from bayesavg.runtime import numerics
 
 numerics.pin()
 

@@ -7,7 +7,7 @@ import torch
 import torchvision.transforms as T
 import torchvision.transforms.functional as F
 
-from bayesavg.augment import Augment, EpochDraws, apply, draw_epoch
+from bayesavg.training.augment import Augment, EpochDraws, apply, draw_epoch
 
 CUDA = pytest.param(
     "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")

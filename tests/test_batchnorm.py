@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.optim import swa_utils
 
-from bayesavg.batchnorm import update_bn
+from bayesavg.training.batchnorm import update_bn
 
 
 def _mlp(seed: int) -> nn.Sequential:

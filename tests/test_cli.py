@@ -20,8 +20,8 @@ from PIL import Image
 from bayesavg.cli import main
 from bayesavg.data import to_input
 from bayesavg.models import build_model
-from bayesavg.posterior_file import load_posterior, save_posterior
 from bayesavg.posteriors import SWAG
+from bayesavg.posteriors.file import load_posterior, save_posterior
 
 if TYPE_CHECKING:
     from conftest import ImageFolderFactory, PreparedDir, TinyPosteriors
@@ -453,7 +453,7 @@ def bn_swag_posterior(
     """A SWAG posterior of a small BatchNorm MLP trained a few steps on mnist5k."""
     from conftest import MNIST5K_DATA
 
-    from bayesavg.posterior_file import PosteriorFile
+    from bayesavg.posteriors.file import PosteriorFile
 
     prepared = mnist5k_prepared.prepared
     kwargs = {"hidden": [16], "batch_norm": True}

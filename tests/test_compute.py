@@ -15,15 +15,15 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from bayesavg.augment import Augment
-from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import parse_params
-from bayesavg.errors import UserError
-from bayesavg.flat import params_vector
 from bayesavg.models import build_model
-from bayesavg.posterior_file import load_theta
-from bayesavg.precision import Precision, precision_for
-from bayesavg.train import Compute, StepContext, lr_at, sgd_step
+from bayesavg.posteriors.file import load_theta
+from bayesavg.runtime.checkpoint import Checkpoint
+from bayesavg.runtime.errors import UserError
+from bayesavg.training.augment import Augment
+from bayesavg.training.flat import params_vector
+from bayesavg.training.precision import Precision, precision_for
+from bayesavg.training.train import Compute, StepContext, lr_at, sgd_step
 from bayesavg.trajectories import finetune, pretrain_members, run
 
 

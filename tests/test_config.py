@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bayesavg.config import load_params, parse_params
-from bayesavg.errors import UserError
+from bayesavg.runtime.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,8 @@ from bayesavg.data import (
     stratified_split,
     to_input,
 )
-from bayesavg.errors import UserError
-from bayesavg.io import sha256_file
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import sha256_file
 
 if TYPE_CHECKING:
     from conftest import ImageFolderFactory, PreparedDir

@@ -25,15 +25,16 @@ from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, prune_landscape, sh
 from ranks import spawn_ranks
 from torch.nn.utils import parameters_to_vector
 
-from bayesavg import dswag, numerics
+from bayesavg import dswag
 from bayesavg.config import parse_params
-from bayesavg.errors import UserError
 from bayesavg.federated import sample_clients
-from bayesavg.optim import SGD
-from bayesavg.posterior_file import load_theta
 from bayesavg.posteriors import SWAG
+from bayesavg.posteriors.file import load_theta
+from bayesavg.runtime import numerics
+from bayesavg.runtime.errors import UserError
 from bayesavg.seeding import generator, seed_everything
-from bayesavg.train import Tensors, train
+from bayesavg.training.optim import SGD
+from bayesavg.training.train import Tensors, train
 
 SPAWN_DEADLINE = 120.0  # seconds for a whole spawned run; a hang fails, never blocks
 JOB_DEADLINE = 60.0  # seconds for one torchrun job of the launcher tests
@@ -487,9 +488,9 @@ LAUNCHED = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    from bayesavg import launch
-    from bayesavg.distributed import join, leave
-    from bayesavg.errors import UserError
+    from bayesavg.runtime import launch
+    from bayesavg.training.distributed import join, leave
+    from bayesavg.runtime.errors import UserError
 
     MODE, OUT = sys.argv[1], sys.argv[2]
 

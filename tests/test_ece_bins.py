@@ -17,9 +17,9 @@ import torch
 
 from bayesavg.data import to_input
 from bayesavg.evaluate import evaluate
-from bayesavg.io import write_csv
 from bayesavg.metrics import classification_metrics, ece, reliability
-from bayesavg.posterior_file import load_posterior
+from bayesavg.posteriors.file import load_posterior
+from bayesavg.runtime.io import write_csv
 
 if TYPE_CHECKING:
     from conftest import PreparedDir, TinyPosteriors

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from bayesavg.data import Split
-from bayesavg.errors import UserError
 from bayesavg.extra_sets import ood_images, shift_subset, shifted
-from bayesavg.io import write_npz
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import write_npz
 from bayesavg.shift import parse, rotate, shifts
 
 

@@ -9,7 +9,6 @@ import time
 import pytest
 import torch
 
-from bayesavg.errors import UserError
 from bayesavg.federated import (
     DIRICHLET_ATTEMPTS,
     dirichlet_split,
@@ -18,6 +17,7 @@ from bayesavg.federated import (
     phase2_rate,
     sample_clients,
 )
+from bayesavg.runtime.errors import UserError
 
 LABELS = torch.arange(5000) % 10
 """5000 examples, 500 per class: the shape of mnist5k."""

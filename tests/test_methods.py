@@ -15,10 +15,10 @@ from pipeline_repo import prune_landscape
 from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, parse_params
-from bayesavg.errors import UserError
 from bayesavg.evaluate import centre_sharpness, evaluate, method_of
 from bayesavg.models import MODELS, build_model, has_dropout
-from bayesavg.posterior_file import PosteriorFile, load_theta
+from bayesavg.posteriors.file import PosteriorFile, load_theta
+from bayesavg.runtime.errors import UserError
 from bayesavg.sampling import centres
 from bayesavg.seeding import derive_seed
 from bayesavg.sgld import SGLD
@@ -92,7 +92,7 @@ def test_config_knows_each_models_default_dropout() -> None:
 
 
 def _dropout_posterior(tiny: Any, rate: float) -> PosteriorFile:
-    from bayesavg.posterior_file import load_posterior
+    from bayesavg.posteriors.file import load_posterior
 
     post = load_posterior(tiny.plain)
     return dataclasses.replace(post, model_kwargs={**post.model_kwargs, "dropout": rate})

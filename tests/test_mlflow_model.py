@@ -21,10 +21,10 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from bayesavg.evaluate import evaluate
-from bayesavg.io import sha256_file
-from bayesavg.posterior_file import load_posterior
+from bayesavg.posteriors.file import load_posterior
 from bayesavg.predict import MODEL_CODE
-from bayesavg.tracking import open_run, register_best
+from bayesavg.runtime.io import sha256_file
+from bayesavg.tracking.mlflow_run import open_run, register_best
 
 if TYPE_CHECKING:
     from conftest import PreparedDir, TinyPosteriors

@@ -18,7 +18,6 @@ from pydantic import ValidationError
 from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, MODEL_NAMES, ModelParams, parse_params
-from bayesavg.errors import UserError
 from bayesavg.models import (
     MODELS,
     build_model,
@@ -27,6 +26,7 @@ from bayesavg.models import (
     has_dropout,
     preresnet_blocks,
 )
+from bayesavg.runtime.errors import UserError
 
 CIFAR = (3, 32, 32)
 ROOT = Path(__file__).resolve().parents[1]

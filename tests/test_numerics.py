@@ -1,4 +1,4 @@
-"""bayesavg.numerics and bayesavg.ieee: the same bytes whatever the x86-64 CPU.
+"""bayesavg.runtime.numerics and bayesavg.training.ieee: the same bytes whatever the x86-64 CPU.
 
 The decisive test runs the real training and evaluation code
 (``tests/numerics_probe.py``) natively and on emulated CPUs, an Intel Haswell
@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from bayesavg import ieee, numerics
-from bayesavg.errors import UserError
+from bayesavg.runtime import numerics
+from bayesavg.runtime.errors import UserError
+from bayesavg.training import ieee
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "numerics_probe.py"

@@ -15,7 +15,6 @@ import torch
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
 from bayesavg import ood_data
-from bayesavg.errors import UserError
 from bayesavg.ood import (
     OODAccumulator,
     auroc,
@@ -26,6 +25,7 @@ from bayesavg.ood import (
     ood_scores,
     ood_scores_from_log,
 )
+from bayesavg.runtime.errors import UserError
 
 # --- detection metrics ------------------------------------------------------------
 

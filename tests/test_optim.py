@@ -1,4 +1,4 @@
-"""bayesavg.optim: bitwise the steps of torch.optim, without importing torch._dynamo."""
+"""bayesavg.training.optim: bitwise the steps of torch.optim, without importing torch._dynamo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from bayesavg.optim import SGD, Adam
+from bayesavg.training.optim import SGD, Adam
 
 
 def _net() -> nn.Module:
@@ -88,7 +88,7 @@ def test_no_dynamo_import() -> None:
     """The point of the module: a training step imports neither dynamo nor sympy."""
     code = (
         "import sys, torch\n"
-        "from bayesavg.optim import SGD, Adam\n"
+        "from bayesavg.training.optim import SGD, Adam\n"
         "p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)\n"
         "for o in (SGD([p], lr=0.1, momentum=0.9), Adam([p])):\n"
         "    o.step(); o.state_dict(); o.zero_grad()\n"

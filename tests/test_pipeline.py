@@ -232,7 +232,7 @@ def test_outputs(repo: Path) -> None:
     ensemble = torch.load(repo / "models/ensemble/posterior.pt", weights_only=True)
     assert ensemble["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
     sha = (repo / "models/pretrain/posterior.sha256").read_text().split()[0]
-    from bayesavg.io import sha256_file
+    from bayesavg.runtime.io import sha256_file
 
     assert sha == sha256_file(repo / "models/pretrain/posterior.pt")
     html = (repo / "reports/report.html").read_text()

@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from bayesavg.data import to_input
-from bayesavg.errors import UserError
 from bayesavg.models import build_model
 from bayesavg.plane import grid_axes, loss_plane, pca_plane, snapshots
-from bayesavg.posterior_file import load_posterior, load_theta
 from bayesavg.posteriors import HWA, SWAG, MomentCollector
+from bayesavg.posteriors.file import load_posterior, load_theta
+from bayesavg.runtime.errors import UserError
 
 
 def _collected(n: int, max_rank: int, d: int = 50, dtype: torch.dtype = torch.float32):

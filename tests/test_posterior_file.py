@@ -16,10 +16,10 @@ import pytest
 import torch
 from PIL import Image
 
-from bayesavg.errors import UserError
 from bayesavg.models import build_model
-from bayesavg.posterior_file import PosteriorFile, load_posterior, save_posterior
 from bayesavg.posteriors import HWA
+from bayesavg.posteriors.file import PosteriorFile, load_posterior, save_posterior
+from bayesavg.runtime.errors import UserError
 
 if TYPE_CHECKING:
     from conftest import TinyPosteriors

@@ -22,7 +22,7 @@ from bayesavg.cli import main as cli_main
 from bayesavg.config import Params, parse_params
 from bayesavg.evaluate import centre_sharpness, evaluate
 from bayesavg.methods import PROVIDES, REGISTRY, Method
-from bayesavg.posterior_file import PosteriorFile, save_posterior
+from bayesavg.posteriors.file import PosteriorFile, save_posterior
 from bayesavg.sampling import CENTRES, SAMPLERS, SIGMAS, sigma_ratio
 from bayesavg.trajectories import finetune, pretrain_members
 

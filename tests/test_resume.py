@@ -30,10 +30,10 @@ from pipeline_repo import (
     small_params,
 )
 
-from bayesavg.checkpoint import Checkpoint
 from bayesavg.config import parse_params
-from bayesavg.io import save_torch
-from bayesavg.posterior_file import PosteriorFile, save_posterior
+from bayesavg.posteriors.file import PosteriorFile, save_posterior
+from bayesavg.runtime.checkpoint import Checkpoint
+from bayesavg.runtime.io import save_torch
 from bayesavg.trajectories import RunResult, finetune, pretrain, pretrain_members
 
 CPU = torch.device("cpu")

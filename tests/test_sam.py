@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from bayesavg.sam import sam_step
+from bayesavg.training.sam import sam_step
 
 
 def _model(dropout: float = 0.0) -> nn.Module:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from bayesavg.tracking_worker import Tracker, TrackingError
+from bayesavg.tracking.worker import Tracker, TrackingError
 
 
 @pytest.fixture
@@ -120,7 +120,8 @@ def test_experiments_open_as_model_training_and_runs_name_their_source(
 ) -> None:
     """The kind tag on a new experiment and on one made before it existed; MLflow's own
     source tags fill the UI's Source, User and Version columns (run.info.user_id too)."""
-    from bayesavg.tracking import EXPERIMENT_KIND, open_run, source_tags
+    from bayesavg.tracking.mlflow_run import EXPERIMENT_KIND, open_run
+    from bayesavg.tracking.source import source_tags
 
     client = MlflowClient(tracking_uri=store[0])
     old = client.create_experiment("old", artifact_location=store[1])
@@ -164,7 +165,7 @@ def test_dataset_inputs_show_name_digest_and_split(store: tuple[str, str]) -> No
 
 
 def test_metric_names_are_grouped_by_split() -> None:
-    from bayesavg.tracking import metric_key
+    from bayesavg.tracking.mlflow_run import metric_key
 
     assert metric_key("train_loss") == "train/loss"
     assert metric_key("val_accuracy") == "val/accuracy"

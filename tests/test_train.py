@@ -12,10 +12,10 @@ import yaml
 from pipeline_repo import prune_landscape
 
 from bayesavg.config import parse_params
-from bayesavg.errors import UserError
-from bayesavg.io import sha256_file
-from bayesavg.posterior_file import save_posterior
-from bayesavg.train import Tensors, lr_at, sgd, train
+from bayesavg.posteriors.file import save_posterior
+from bayesavg.runtime.errors import UserError
+from bayesavg.runtime.io import sha256_file
+from bayesavg.training.train import Tensors, lr_at, sgd, train
 from bayesavg.trajectories import finetune, pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,8 +192,8 @@ def test_every_collected_iterate_follows_a_step_at_lr_end(
     mnist5k_prepared: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real run: the step right before each snapshot ran at lr_end."""
-    from bayesavg.optim import SGD
     from bayesavg.posteriors import SWAG
+    from bayesavg.training.optim import SGD
 
     prepared = mnist5k_prepared.prepared
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -228,7 +228,7 @@ def test_every_collected_iterate_follows_a_step_at_lr_end(
 def test_a_lone_last_example_joins_the_batch_before_under_batchnorm() -> None:
     """BatchNorm cannot train on one example: with n = k * batch_size + 1 a BatchNorm network
     trains k batches, the last of batch_size + 1; without BatchNorm nothing changes."""
-    from bayesavg.train import batches_per_epoch
+    from bayesavg.training.train import batches_per_epoch
 
     assert batches_per_epoch(91, 30) == 4
     assert batches_per_epoch(91, 30, batch_norm=True) == 3

@@ -11,10 +11,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import numerics
-from .entry import run_entry
-from .errors import UserError
 from .methods import REGISTRY
+from .runtime import numerics
+from .runtime.entry import run_entry
+from .runtime.errors import UserError
 
 log = logging.getLogger("bayesavg")
 
@@ -89,8 +89,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     from .data import load_eval_split
     from .evaluate import bn_subset, evaluate
     from .extra_sets import ood_images, shifted
-    from .io import write_csv, write_json
-    from .posterior_file import load_posterior
+    from .posteriors.file import load_posterior
+    from .runtime.io import write_csv, write_json
     from .seeding import resolve_device
     from .shift import parse as shift_by_name
 

@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import UserError
 from .methods import METHODS, PROVIDES, REGISTRY
+from .runtime.errors import UserError
 
 DATASETS = ("mnist5k", "mnist", "fashion_mnist", "cifar10", "cifar100")
 MODEL_NAMES = ("mlp", "lenet5", "vgg16", "vgg16_bn", "preresnet20", "preresnet", "wideresnet28x10")
@@ -44,7 +44,7 @@ class _Section(BaseModel):
 
 
 class AugmentParams(_Section):
-    """Per-epoch augmentation of the training split on the device (``bayesavg.augment``):
+    """Per-epoch augmentation of the training split on the device (``bayesavg.training.augment``):
     torchvision ``RandomCrop(H, padding=crop_padding)`` with zero padding, then a random
     horizontal flip. Off for the MNIST default (digits are not mirror-symmetric)."""
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .errors import UserError
-from .io import save_torch, sha256_file, write_json
+from .runtime.errors import UserError
+from .runtime.io import save_torch, sha256_file, write_json
 from .seeding import derive_seed, generator
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Phase 1 trains a FedAvg model theta_T over ``rounds`` synchronised rounds;
 phase 2 lets a share of the clients explore from theta_T with the paper's
 linear rate; phase 3 collects SWAG moments over all their snapshots. The
-clients are logical: ``bayesavg.distributed`` deals them out over the
+clients are logical: ``bayesavg.training.distributed`` deals them out over the
 processes of a torch.distributed run, and the result is bitwise the same on
 1, 2 or 3 processes (CPU), since every client's randomness is its own and
 rank 0 takes the clients' results in client order.
@@ -41,17 +41,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .batchnorm import bn_modules
 from .config import DSWAGTrajectory, Params
 from .data import Prepared
-from .distributed import World, broadcast, in_client_order, join, leave
 from .federated import dirichlet_split, fedavg_weights, iid_split, phase2_rate, sample_clients
-from .flat import params_vector
-from .optim import SGD
-from .posterior_file import PosteriorFile
 from .posteriors import SWAG
+from .posteriors.file import PosteriorFile
 from .seeding import derive_seed, generator, seed_everything
-from .train import Tensors, batches_per_epoch, lr_at, train
+from .training.batchnorm import bn_modules
+from .training.distributed import World, broadcast, in_client_order, join, leave
+from .training.flat import params_vector
+from .training.optim import SGD
+from .training.train import Tensors, batches_per_epoch, lr_at, train
 from .trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
 
 log = logging.getLogger(__name__)

@@ -26,19 +26,19 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .batchnorm import update_bn
 from .data import Split
-from .distributed import World, in_client_order
-from .errors import UserError
 from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
 from .models import dropout_modules, for_inference, has_batchnorm
 from .ood import OODAccumulator, ood_metrics
-from .posterior_file import PosteriorFile, load_theta
-from .precision import Precision
+from .posteriors.file import PosteriorFile, load_theta
+from .runtime.errors import UserError
 from .sampling import Draws, Network, centres, draws
 from .seeding import derive_seed, isolated_rng
 from .sharpness import hessian_trace, sam_sharpness
+from .training.batchnorm import update_bn
+from .training.distributed import World, in_client_order
+from .training.precision import Precision
 
 log = logging.getLogger(__name__)
 

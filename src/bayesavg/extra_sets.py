@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from .data import Split, load_eval_split
-from .errors import UserError
 from .ood_data import OOD_SETS, load_ood
+from .runtime.errors import UserError
 from .seeding import derive_seed
 from .shift import Shift
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .errors import UserError
+from .runtime.errors import UserError
 from .seeding import derive_seed, generator
 
 DIRICHLET_ATTEMPTS = 100

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .batchnorm import bn_modules, update_bn
-from .flat import params_vector
-from .posterior_file import load_theta
-from .train import Tensors, loss_and_accuracy
+from .posteriors.file import load_theta
+from .training.batchnorm import bn_modules, update_bn
+from .training.flat import params_vector
+from .training.train import Tensors, loss_and_accuracy
 
 
 @dataclass(frozen=True)

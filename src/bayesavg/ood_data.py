@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from .data import Split
-from .errors import UserError
-from .io import sha256_file
+from .runtime.errors import UserError
+from .runtime.io import sha256_file
 
 ANIMAL_MNIST_VERSION = "0.4"
 # sha256 of the gzipped pickles in animal-mnist==0.4 (they match the wheel's RECORD).

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import UserError
+from .runtime.errors import UserError
 
 OUTPUTS = ("probabilities", "predicted_class", "entropy", "mutual_info")
 # The MLflow model's code file (models from code): logged as a file, run only where the
@@ -65,7 +65,7 @@ class Predictor:
         device: str = "cpu",
     ) -> None:
         from .evaluate import method_of, needs_bn_data
-        from .posterior_file import load_posterior
+        from .posteriors.file import load_posterior
 
         method_of(config.method)
         self.posterior = load_posterior(posterior_path)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ieee
-from .errors import UserError
 from .methods import METHODS, PROVIDES, REGISTRY, Method
 from .models import has_dropout
-from .posterior_file import PosteriorFile
 from .posteriors import HWA, SWAG
+from .posteriors.file import PosteriorFile
+from .runtime.errors import UserError
+from .training import ieee
 
 Buffers = dict[str, torch.Tensor]
 Network = tuple[torch.Tensor, Buffers | None]

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .errors import UserError
+from .runtime.errors import UserError
 
 
 def derive_seed(seed: int, *names: object) -> int:

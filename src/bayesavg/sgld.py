@@ -1,6 +1,6 @@
 """Stochastic gradient Langevin dynamics as an optimizer of the training loop.
 
-torch has no SGLD (the base class is ``bayesavg.optim``'s: see there why).
+torch has no SGLD (the base class is ``bayesavg.training.optim``'s: see there why).
 With the loss written per data point (mean cross-entropy
 plus ``weight_decay / 2 * |theta|^2``, a Gaussian prior), one step is
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .optim import Optimizer
+from .training.optim import Optimizer
 
 
 class SGLD(Optimizer):

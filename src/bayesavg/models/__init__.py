@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 from .preresnet import PreResNet, PreResNet20, preresnet, preresnet20, preresnet_blocks
 from .small import lenet5, mlp
 from .vgg import VGG16, vgg16, vgg16_bn
@@ -71,7 +71,7 @@ def build_model(
 def for_inference(model: nn.Module) -> nn.Module:
     """``model`` with its 4-D (convolution) weights in channels-last layout: LeNet-5 predicts
     2.5-3.5x faster on CPU this way (17 vs 40-64 us per image at batch 1000, 2 cores), and
-    nothing changes for an MLP. Set its weights by copying (``posterior_file.load_theta``):
+    nothing changes for an MLP. Set its weights by copying (``posteriors.file.load_theta``):
     ``vector_to_parameters`` would swap in contiguous views and lose the layout."""
     return model.to(memory_format=torch.channels_last)
 

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 
 DEPTH_RULE = "6n+2 below 44 (basic blocks) or 9n+2 from 44 on (bottlenecks), e.g. 20, 56, 110, 164"
 

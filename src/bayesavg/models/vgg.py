@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 
 VGG16_CFG: tuple[int | str, ...] = (
     64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M",

@@ -6,7 +6,7 @@ seed gives its initial bytes. Two reference details are kept on purpose: its
 ``conv_init`` is defined but never applied (PyTorch's default initialisation is what the
 papers trained), and the final BatchNorm is built with ``momentum=0.9`` in PyTorch's
 convention (running stats = 0.1 old + 0.9 batch), unlike the blocks' default 0.1. The
-BN update after sampling (``bayesavg.batchnorm``) recomputes the statistics whatever
+BN update after sampling (``bayesavg.training.batchnorm``) recomputes the statistics whatever
 the momentum, so only the plain SGD model's running statistics see it.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 
 FINAL_BN_MOMENTUM = 0.9  # the reference's nn.BatchNorm2d(..., momentum=0.9), PyTorch convention
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import ieee
+from ..training import ieee
 from .moments import MomentCollector
 from .swag import SWAG
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..flat import params_vector
+from ..training.flat import params_vector
 
 
 def as_vector(theta: torch.Tensor | nn.Module) -> torch.Tensor:

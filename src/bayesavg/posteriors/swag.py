@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .. import ieee
+from ..training import ieee
 from .moments import MomentCollector
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from ..flat import params_vector
+from ..training.flat import params_vector
 
 
 def inverse_softplus(sigma: float) -> float:
@@ -105,8 +105,8 @@ def svi_step(
     sampled theta, detached, computed with the same eps, the same dropout
     mask and BatchNorm statistics left untouched.
     """
-    from ..sam import replayed_rng
-    from ..train import PLAIN, StepContext
+    from ..training.sam import replayed_rng
+    from ..training.train import PLAIN, StepContext
 
     def step(vi: MeanFieldVI, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN) -> tuple:
         nll = torch.zeros((), device=x.device)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from ..io import write_bytes, write_text
+from ..runtime.io import write_bytes, write_text
 from . import document
 from .document import Block, Heading
 from .figures import draw_figures

@@ -24,14 +24,14 @@ import logging
 
 import torch
 
-from ..checkpoint import Resumable
 from ..config import Params, Trajectory
 from ..data import Prepared
-from ..errors import UserError
 from ..models import build_model
-from ..posterior_file import PosteriorFile
+from ..posteriors.file import PosteriorFile
+from ..runtime.checkpoint import Resumable
+from ..runtime.errors import UserError
 from ..seeding import derive_seed, seed_everything
-from ..train import Compute
+from ..training.train import Compute
 from . import gradient, variational
 from .common import (
     RunResult,

@@ -8,15 +8,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..augment import Augment
 from ..config import Params
 from ..data import Prepared, Split, to_input
-from ..distributed import World
 from ..models import build_model
-from ..posterior_file import PosteriorFile, load_theta
-from ..precision import precision_for
+from ..posteriors.file import PosteriorFile, load_theta
 from ..seeding import derive_seed
-from ..train import Compute, Tensors, TrainData
+from ..training.augment import Augment
+from ..training.distributed import World
+from ..training.precision import precision_for
+from ..training.train import Compute, Tensors, TrainData
 
 
 @dataclass(frozen=True)

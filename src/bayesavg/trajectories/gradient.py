@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from ..config import PretrainParams, Trajectory
-from ..errors import UserError
-from ..flat import params_vector
-from ..posterior_file import PosteriorFile
 from ..posteriors import SWAG
-from ..sam import sam_step
+from ..posteriors.file import PosteriorFile
+from ..runtime.errors import UserError
 from ..sgld import SGLD
-from ..train import Compute, StepContext, sgd, sgd_step
+from ..training.flat import params_vector
+from ..training.sam import sam_step
+from ..training.train import Compute, StepContext, sgd, sgd_step
 from .run import Plan
 
 

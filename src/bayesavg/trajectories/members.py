@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..checkpoint import Resumable
-from ..distributed import World
+from ..runtime.checkpoint import Resumable
+from ..training.distributed import World
 from .common import RunResult
 
 TrainMember = Callable[[int, Resumable | None], RunResult]

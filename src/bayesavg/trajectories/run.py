@@ -28,16 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..batchnorm import bn_modules, update_bn
-from ..checkpoint import Resumable
 from ..config import PretrainParams, Trajectory
 from ..data import Prepared
-from ..distributed import World
 from ..models import has_batchnorm
-from ..optim import Optimizer
-from ..posterior_file import load_theta
+from ..posteriors.file import load_theta
+from ..runtime.checkpoint import Resumable
 from ..seeding import derive_seed, generator, rng_state, set_rng_state
-from ..train import (
+from ..training.batchnorm import bn_modules, update_bn
+from ..training.distributed import World
+from ..training.optim import Optimizer
+from ..training.train import (
     Compute,
     Progress,
     Step,

@@ -8,14 +8,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import ieee
 from ..config import Trajectory
-from ..distributed import broadcast
-from ..optim import build as build_optimizer
-from ..posterior_file import PosteriorFile, load_theta
 from ..posteriors import HWA, MeanFieldVI, svi_step
+from ..posteriors.file import PosteriorFile, load_theta
 from ..posteriors.vi import softplus_inverse
-from ..train import Compute, StepContext
+from ..training import ieee
+from ..training.distributed import broadcast
+from ..training.optim import build as build_optimizer
+from ..training.train import Compute, StepContext
 from .run import Plan
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,41 +52,6 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[key] = str(v)[:_MAX_PARAM_CHARS]
     return out
-
-
-def source_tags(script: str, commit: str) -> dict[str, str]:
-    """MLflow's own tags for where a run came from, which the UI's Source, User and Version
-    columns show (the client API, unlike ``mlflow.start_run``, sets none of them)."""
-    import getpass
-
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return {
-        "mlflow.source.name": script,
-        "mlflow.source.type": "LOCAL",
-        "mlflow.user": user,
-        "mlflow.source.git.commit": commit,
-    }
-
-
-def git_commit(cwd: str | Path) -> str:
-    """HEAD's commit, with ``-dirty`` if the work tree differs, or ``unknown``."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{sha}-dirty" if dirty else sha
 
 
 class Run:
@@ -518,14 +482,3 @@ def _resumed(client: Any, run_id: str, experiment_id: str, tracking_uri: str) ->
     if info.experiment_id != experiment_id or info.lifecycle_stage != "active":
         return None
     return Run(client, run_id, tracking_uri)
-
-
-def default_store(root: str | Path) -> tuple[str, str]:
-    """(tracking URI, artifact location) for a project root.
-
-    ``MLFLOW_TRACKING_URI`` overrides the default ``sqlite:///<root>/mlflow.db``.
-    Artifacts go to ``<root>/mlartifacts`` for experiments created here.
-    """
-    root = Path(root).resolve()
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
-    return uri, (root / "mlartifacts").as_uri()

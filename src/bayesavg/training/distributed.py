@@ -1,6 +1,6 @@
 """torch.distributed for logical clients: env:// ranks, results taken in client order.
 
-A run is launched by torchrun (``bayesavg.launch``), which sets RANK,
+A run is launched by torchrun (``bayesavg.runtime.launch``), which sets RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process, or runs in one
 process without any of them: then there is no process group at all. The
 backend is gloo on CPU and NCCL on CUDA.
@@ -27,8 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .launch import is_rank
-from .numerics import threads
+from ..runtime.launch import is_rank
+from ..runtime.numerics import threads
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UserError
+from ..runtime.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

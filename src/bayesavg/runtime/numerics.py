@@ -37,7 +37,7 @@ MODES = ("portable", "native")
 DEFAULT_THREADS = 2
 # The variables ATen, oneDNN and MKL read at start-up: AVX2 kernels everywhere, and
 # MKL's conditional numerical reproducibility for its BLAS. (MKL's vector math ignores
-# it on this project's AMD CPU: hence ``bayesavg.ieee``.)
+# it on this project's AMD CPU: hence ``bayesavg.training.ieee``.)
 ISA_PINS = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -99,7 +99,8 @@ def pin(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     changed = sorted(k for k, v in settings.items() if env.get(k) != v)
     if changed and environ is None and "torch" in sys.modules:
         raise RuntimeError(
-            f"bayesavg.numerics.pin() after torch was imported would change {', '.join(changed)}"
+            f"bayesavg.runtime.numerics.pin() after torch was imported would change "
+            f"{', '.join(changed)}"
         )
     env.update(settings)
     return settings

@@ -5,7 +5,7 @@ fails on a channels-last 4-D weight (not contiguous), and
 ``vector_to_parameters`` makes every parameter a contiguous view of the
 vector, silently dropping channels-last. ``params_vector`` flattens in the
 same order with ``reshape`` (a copy only where the layout needs one), and
-``posterior_file.load_theta`` writes a vector back by copying, keeping the
+``posteriors.file.load_theta`` writes a vector back by copying, keeping the
 layout. On contiguous parameters the bytes are ``parameters_to_vector``'s.
 """
 

@@ -29,13 +29,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..runtime.errors import UserError
+from ..seeding import derive_seed
 from .augment import Augment, EpochDraws, apply, draw_epoch
 from .batchnorm import bn_modules
 from .distributed import World
-from .errors import UserError
 from .optim import SGD, Optimizer
 from .precision import Precision
-from .seeding import derive_seed
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data import to_input
-from .errors import UserError
-from .flat import params_vector
-from .io import save_torch
-from .models import build_model
-from .posterior_checks import (
+from ..data import to_input
+from ..models import build_model
+from ..runtime.errors import UserError
+from ..runtime.io import save_torch
+from ..training.flat import params_vector
+from .checks import (
     PosteriorFileError,
     as_block,
     check_buffers,

@@ -112,7 +112,7 @@ class Adam(Optimizer):
 
     Fused: its kernel takes the square root with the hardware instruction, the
     same bytes on every CPU; torch's default (foreach or per-tensor) step calls
-    MKL's vector square root, whose last bit depends on the CPU (``bayesavg.ieee``).
+    MKL's vector square root, whose last bit depends on the CPU (``bayesavg.training.ieee``).
     """
 
     def __init__(

@@ -13,7 +13,7 @@ own run). When a run ends it is marked FINISHED or FAILED; if the stage dies
 without saying (SIGKILL), the worker sees its stdin close and marks the open
 run KILLED, and a resumed stage reopens it.
 
-``python -m bayesavg.tracking_worker URI ARTIFACT_LOCATION`` runs the worker.
+``python -m bayesavg.tracking.worker URI ARTIFACT_LOCATION`` runs the worker.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Tracker:
     @classmethod
     def spawn(cls, tracking_uri: str, artifact_location: str) -> Tracker:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bayesavg.tracking_worker", tracking_uri, artifact_location],
+            [sys.executable, "-m", "bayesavg.tracking.worker", tracking_uri, artifact_location],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -216,7 +216,7 @@ def serve(tracking_uri: str, artifact_location: str, stdin: IO[str], stdout: IO[
     # first full collection after it (~0.2 s each time), only delays the stage.
     # Freezing moves them out of the collector's sight.
     gc.disable()
-    from .tracking import open_run, warm_store
+    from .mlflow_run import open_run, warm_store
 
     warm_store(tracking_uri)
     gc.freeze()

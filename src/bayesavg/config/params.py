@@ -1,0 +1,234 @@
+"""The whole of params.yaml: the sections together, the cross-section rules, and loading
+with one clear error line."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import ValidationError, model_validator
+
+from ..methods import PROVIDES, REGISTRY
+from ..runtime.errors import UserError
+from .base import _NAME, NonNegInt, _Section
+from .data_model import DataParams, ModelParams
+from .evaluation import EvaluateParams
+from .run import CheckpointParams, ReportParams, TrackingParams
+from .trajectories import STARTS, AnyTrajectory, DSWAGTrajectory, PretrainParams
+
+
+class Params(_Section):
+    seed: NonNegInt = 0
+    device: str = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    channels_last: Literal["auto"] | bool = "auto"
+    data: DataParams = DataParams()
+    model: ModelParams = ModelParams()
+    pretrain: PretrainParams = PretrainParams()
+    finetune: dict[str, AnyTrajectory]
+    evaluate: EvaluateParams
+    checkpoint: CheckpointParams = CheckpointParams()
+    tracking: TrackingParams = TrackingParams()
+    report: ReportParams = ReportParams()
+
+    @model_validator(mode="after")
+    def _check(self) -> Params:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if self.precision == "fp16" and self.device == "cpu":
+            raise ValueError("precision: fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+        for name, traj in self.finetune.items():
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"finetune.{name}: trajectory names are lower-case identifiers")
+            if name in STARTS:
+                raise ValueError(f"finetune.{name}: the name {name!r} is a stage's, not free")
+            if getattr(traj, "members", None) is not None and traj.members > self.pretrain.members:
+                raise ValueError(
+                    f"finetune.{name}.members: {traj.members} members need pretrain.members "
+                    f">= {traj.members} (it is {self.pretrain.members})"
+                )
+            if traj.start not in STARTS:
+                origin = self.finetune.get(traj.start)
+                if origin is None or traj.start == name:
+                    raise ValueError(
+                        f"finetune.{name}.start: {traj.start!r} is not pretrain, init or "
+                        "another trajectory"
+                    )
+                if origin.start not in STARTS:
+                    raise ValueError(
+                        f"finetune.{name}.start: {traj.start} must itself start from pretrain "
+                        "or init"
+                    )
+                if traj.kind == "hwa" and origin.kind != "vi":
+                    raise ValueError(f"finetune.{name}.start: hwa continues a vi trajectory")
+        for name in self.evaluate.plane.trajectories:
+            traj = self.finetune.get(name)
+            if traj is None or not traj.provides() & {"snapshots", "hwa"}:
+                raise ValueError(
+                    f"evaluate.plane.trajectories: {name!r} is not a finetune trajectory that "
+                    "collects snapshots"
+                )
+        sweep = self.evaluate.dswag_sweep
+        if sweep.workers and not isinstance(self.finetune.get(sweep.trajectory), DSWAGTrajectory):
+            raise ValueError(
+                f"evaluate.dswag_sweep.trajectory: {sweep.trajectory!r} is not a finetune "
+                "trajectory of kind dswag (or set workers: [])"
+            )
+        if sweep.workers and f"{sweep.trajectory}_sweep" in self.finetune:
+            raise ValueError(
+                f"finetune.{sweep.trajectory}_sweep: the name is the worker sweep's "
+                f"(models/{sweep.trajectory}_sweep); rename the trajectory"
+            )
+        if sweep.workers and self.finetune[sweep.trajectory].start != "init":
+            raise ValueError(
+                f"evaluate.dswag_sweep.trajectory: {sweep.trajectory} must start from init "
+                "(the sweep trains every W from the same fresh network, as the paper)"
+            )
+        for trajectory in self.evaluate.predictors:
+            if trajectory not in self.finetune:
+                raise ValueError(
+                    f"evaluate.predictors.{trajectory}: {trajectory!r} is not a finetune "
+                    f"trajectory ({', '.join(self.finetune)})"
+                )
+        for name, pred in self.evaluate.by_name.items():
+            key = f"evaluate.predictors.{pred.trajectory}.{name}"
+            if not re.fullmatch(_NAME, name):
+                raise ValueError(f"{key}: predictor names are lower-case identifiers")
+            traj = self.finetune[pred.trajectory]
+            method = REGISTRY[pred.method]
+            if method.stochastic_dropout and self.dropout_of(pred.trajectory) == 0:
+                raise ValueError(
+                    f"{key}.method: {pred.method} needs dropout; set finetune.{pred.trajectory}"
+                    ".dropout (or model.dropout) above 0"
+                )
+            if method.needs not in traj.provides():
+                raise ValueError(
+                    f"{key}.method: {pred.method} needs {PROVIDES[method.needs]}, but finetune."
+                    f"{pred.trajectory} is kind {traj.kind}"
+                    + ("" if traj.collect is not None else " with no 'collect' section")
+                )
+            if pred.scale is not None and not method.has_scale:
+                raise ValueError(
+                    f"{key}.scale: {pred.method} has no covariance scale; remove the key"
+                )
+            if isinstance(traj, DSWAGTrajectory):
+                if pred.method == "swag" and traj.snapshots() < 2:
+                    raise ValueError(
+                        f"finetune.{pred.trajectory}.phase2: {key} needs >= 2 snapshots; "
+                        "raise snapshots_per_client or client_fraction"
+                    )
+                continue
+            per_epoch = traj.collect is not None and not traj.collect.every
+            few = traj.collect is not None and traj.epochs - traj.collect.start_epoch < 2
+            if pred.method == "swag" and per_epoch and traj.schedule.kind != "cyclic" and few:
+                raise ValueError(
+                    f"finetune.{pred.trajectory}.collect.start_epoch: {key} needs >= 2 "
+                    "snapshots; collect from an earlier epoch or set collect.every"
+                )
+        self._check_landscape()
+        return self
+
+    def _check_landscape(self) -> None:
+        """Every landscape entry names a trajectory with a centre (an ensemble has none)."""
+        land = self.evaluate.landscape
+        named = [
+            *(
+                (f"evaluate.landscape.lines.{n}.{end}", getattr(spec, end))
+                for n, spec in land.lines.items()
+                for end in ("a", "b")
+            ),
+            *(("evaluate.landscape.rays.centres", t) for t in land.rays.centres),
+        ]
+        for key, name in named:
+            traj = self.finetune.get(name)
+            if traj is None or "members" in traj.provides():
+                raise ValueError(
+                    f"{key}: {name!r} is not a finetune trajectory with one centre "
+                    "(an ensemble has none)"
+                )
+        for name in land.swag.trajectories:
+            traj = self.finetune.get(name)
+            if traj is None or "snapshots" not in traj.provides():
+                raise ValueError(
+                    f"evaluate.landscape.swag.trajectories: {name!r} is not a finetune "
+                    "trajectory that collects SWAG snapshots"
+                )
+            if isinstance(traj, DSWAGTrajectory) and traj.snapshots() < 2:
+                raise ValueError(
+                    f"evaluate.landscape.swag.trajectories: {name!r} has {traj.snapshots()} "
+                    "snapshot; principal directions need >= 2"
+                )
+
+    def dropout_of(self, trajectory: str) -> float:
+        """The dropout rate a trajectory trains with: its own, its start's, or the model's."""
+        traj = self.finetune[trajectory]
+        if traj.dropout is not None:
+            return traj.dropout
+        if traj.start not in STARTS:
+            return self.dropout_of(traj.start)
+        return self.model.effective_dropout()
+
+
+_TAGS = ("trajectory", "dswag")  # the trajectory union's tags: not keys of params.yaml
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as a params.yaml key (validator names and union tags dropped)."""
+    parts = [str(p) for p in loc]
+    kept = [p for i, p in enumerate(parts) if not p.startswith("function-")]
+    if len(kept) > 2 and kept[0] == "finetune" and kept[2] in _TAGS:
+        del kept[2]
+    return ".".join(kept)
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = _location(first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"params.yaml: unknown key {loc!r}; remove it or fix its spelling"
+    if first["type"] == "missing":
+        return f"params.yaml: missing key {loc!r}"
+    msg = first["msg"].removeprefix("Value error, ")
+    named = re.match(r"^([\w.]+): (.*)$", msg)
+    if named:
+        loc, msg = ".".join(filter(None, [loc, named[1]])), named[2]
+    got = first.get("input")
+    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    return f"params.yaml: {loc}: {msg}{shown}"
+
+
+def parse_params(raw: Any) -> Params:
+    """Validate a params mapping; raise ``UserError`` with one line on the first problem."""
+    if not isinstance(raw, dict):
+        raise UserError("params.yaml: the top level must be a mapping of sections")
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(_format_error(err)) from None
+    _check_finite(raw, "")
+    return params
+
+
+def _check_finite(node: Any, path: str) -> None:
+    if isinstance(node, float) and not math.isfinite(node):
+        raise UserError(f"params.yaml: {path}: must be a finite number (got {node})")
+    if isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, f"{path}.{k}" if path else str(k))
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    return parse_params(raw)

@@ -21,44 +21,34 @@ from bayesavg.report import (
     Predictions,
     PredictorResult,
     ReportInputs,
-    analyses,
+    document,
     pair_predictors,
     style,
     write_report,
 )
-from bayesavg.report.claims import Claim
-from bayesavg.report.document import Heading, Preformatted, TableBlock
-from bayesavg.report.figures import (
-    epoch_offset,
-    finetune_curves_figure,
-    plane_grid,
-    reliability_layout,
-    samples_layout,
-    sigma_figure,
-    training_layout,
-)
-from bayesavg.report.findings import (
-    Cell,
-    Table,
-    baseline_lines,
-    effect,
-    metrics_note,
-    metrics_table,
-)
-from bayesavg.report.headline import claim_text, ranking_table
+from bayesavg.report.blocks import Cell, Heading, Preformatted, Section, Table, TableBlock
+from bayesavg.report.claims import Claim, claim_text
 from bayesavg.report.render import to_html, to_markdown
-from bayesavg.report.uncertainty import Settings, compare, compute
+from bayesavg.report.sections import landscape, ood, sharpness, shift
+from bayesavg.report.sections.calibration import reliability_layout
+from bayesavg.report.sections.comparisons import baseline_lines, effect
+from bayesavg.report.sections.headline import ranking_table
+from bayesavg.report.sections.metrics import metrics_note, metrics_table
+from bayesavg.report.sections.plane import plane_grid
+from bayesavg.report.sections.samples import samples_layout
+from bayesavg.report.sections.training import epoch_offset, finetune_curves_figure, training_layout
+from bayesavg.report.sections.variational import sigma_figure
+from bayesavg.report.uncertainty import Settings, Uncertainty, compare, compute
 
 PNG_MAGIC = b"\x89PNG"
 
 
 @pytest.fixture(autouse=True, scope="module")
 def no_analyses() -> Iterator[None]:
-    """The analyses section is another module's; these tests pin it to nothing."""
+    """The analysis sections are tested in test_report_analyses; these tests leave them out."""
+    analyses = {m.build for m in (shift, ood, landscape, sharpness)}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analyses, "draw", lambda inputs: {})
-        mp.setattr(analyses, "sections", lambda inputs, pngs: [])
-        mp.setattr(analyses, "claims", lambda inputs: [])
+        mp.setattr(document, "BODY", tuple(b for b in document.BODY if b not in analyses))
         yield
 
 
@@ -650,9 +640,16 @@ def test_headline_comes_first_ranked_by_nll(predicted: ReportInputs, tmp_path: P
 def test_headline_lists_every_claim(
     predicted: ReportInputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A new section is one entry in the list: its blocks appear where it is listed and
+    its claims in the headline."""
     claim = Claim("Some paper", "Averaging helps under shift", False, "gap +0.01 [-0.02, 0.04]")
-    monkeypatch.setattr(analyses, "claims", lambda inputs: [claim])
-    monkeypatch.setattr(analyses, "sections", lambda inputs, pngs: [Heading(2, "Dataset shift")])
+
+    def planted(inputs: ReportInputs, unc: Uncertainty) -> Section:
+        return Section([Heading(2, "Dataset shift")], [claim])
+
+    body = list(document.BODY)
+    body.insert(len(body) - 1, planted)
+    monkeypatch.setattr(document, "BODY", tuple(body))
     pairs = dataclasses.replace(predicted, pairs=[("swa", "swag")])
     md = write_report(pairs, tmp_path)["md"].read_text(encoding="utf-8")
     headline = md.split("## Headline")[1].split("\n## ")[0]

@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from PIL import Image
 
-from bayesavg.report import analyses
-from bayesavg.report import analyses_numbers as num
+from bayesavg.report import sigma_curves, stats
+from bayesavg.report.blocks import Block, FigureBlock
 from bayesavg.report.claims import Claim
 from bayesavg.report.inputs import (
     Landscape,
@@ -24,7 +25,15 @@ from bayesavg.report.inputs import (
     ReportInputs,
     SwagDirections,
     SweepPoint,
+    is_bayesian,
 )
+from bayesavg.report.sections import landscape, sharpness, shift
+from bayesavg.report.sections import ood as ood_section
+from bayesavg.report.sections.landscape import figures as landscape_figures
+from bayesavg.report.sections.landscape import numbers as landscape_numbers
+from bayesavg.report.sections.shift import figures as shift_figures
+from bayesavg.report.sections.shift import numbers as shift_numbers
+from bayesavg.report.uncertainty import compute
 
 ANGLES = list(range(0, 181, 15))
 CORRUPTIONS = ("shot_noise", "translate", "brightness")
@@ -92,9 +101,9 @@ def _metrics(i: int, predictions: Predictions, auroc: float) -> dict[str, object
         shift[name] = {"accuracy": acc, "nll": nll, "ece": 0.01 * i + nll / 10, "brier": nll / 2}
         shift[name]["entropy"] = nll / 3
     for j, name in enumerate(CORRUPTIONS):
-        shift[name] = {k: 0.1 * (j + 1) + 0.01 * i for k in num.SHIFT_METRICS}
+        shift[name] = {k: 0.1 * (j + 1) + 0.01 * i for k in shift_numbers.SHIFT_METRICS}
     scores = {"auroc": auroc, "aupr_in": auroc - 0.05, "aupr_out": auroc - 0.02, "fpr95": 1 - auroc}
-    ood = {"animal_mnist": {s: dict(scores) for s, _ in num.OOD_SCORES}}
+    ood = {"animal_mnist": {s: dict(scores) for s, _ in ood_section.OOD_SCORES}}
     return {
         "accuracy": 0.98 - 0.001 * i,
         "nll": 0.05 + 0.01 * i,
@@ -221,6 +230,42 @@ def _inputs(**changes: object) -> ReportInputs:
     return dataclasses.replace(base, **changes)
 
 
+ANALYSES = (shift, ood_section, landscape, sharpness)
+
+
+def analysis_claims(inputs: ReportInputs) -> list[Claim]:
+    """The analysis sections' claims, in report order."""
+    unc = compute(inputs)
+    return [c for m in ANALYSES for c in m.build(inputs, unc).claims]
+
+
+def analysis_blocks(inputs: ReportInputs) -> list[Block]:
+    """The analysis sections' blocks, in report order."""
+    unc = compute(inputs)
+    return [b for m in ANALYSES for b in m.build(inputs, unc).blocks]
+
+
+def analysis_pngs(inputs: ReportInputs) -> dict[str, bytes]:
+    """The PNG of every figure the analysis sections show, by name."""
+    return {b.name: b.png for b in analysis_blocks(inputs) if isinstance(b, FigureBlock)}
+
+
+def analysis_figures(inputs: ReportInputs) -> dict[str, Figure]:
+    """Every analysis figure with data, before encoding."""
+    ood_set = ood_section._first_ood_set(inputs)
+    built = {
+        "analysis_shift": shift_figures.shift_figure(inputs),
+        "analysis_shift_gap": shift_figures.shift_gap_figure(inputs, shift._shift_gaps(inputs)),
+        "analysis_ood": ood_section.ood_histogram_figure(inputs, ood_set) if ood_set else None,
+        "analysis_line": landscape_figures.line_figure(inputs),
+        "analysis_rays": landscape_figures.rays_figure(inputs),
+        "analysis_swag_directions": landscape_figures.swag_directions_figure(inputs),
+        "analysis_sigma_distance": landscape_figures.sigma_distance_figure(inputs),
+        "analysis_sharpness": sharpness.sharpness_figure(inputs),
+    }
+    return {name: f for name, f in built.items() if f is not None}
+
+
 @pytest.fixture(scope="module")
 def inputs() -> ReportInputs:
     return _inputs()
@@ -228,7 +273,7 @@ def inputs() -> ReportInputs:
 
 @pytest.fixture(scope="module")
 def pngs(inputs: ReportInputs) -> dict[str, bytes]:
-    return analyses.draw(inputs)
+    return analysis_pngs(inputs)
 
 
 def _claim(found: list[Claim], text: str) -> Claim:
@@ -246,31 +291,33 @@ def test_line_claim_finds_the_planted_minimum(t_min: float, holds: bool | None) 
     """A minimum at the grid's last t (2; or beyond it) is no centre: undecided."""
     line = _quadratic_line(t_min)
     found = min(t_min, 2.0)
-    assert num.line_minimum(line).t_min == pytest.approx(found)
-    claim = _claim(analyses.claims(_inputs(landscape=_landscape(t_min=t_min))), "edge of the basin")
+    assert landscape_numbers.line_minimum(line).t_min == pytest.approx(found)
+    claim = _claim(analysis_claims(_inputs(landscape=_landscape(t_min=t_min))), "edge of the basin")
     assert claim.holds is holds
     assert f"t = {found:g}" in claim.evidence
 
 
 def test_widths_claim_compares_the_planted_widths() -> None:
     lands = _landscape()
-    wide = _claim(analyses.claims(_inputs(landscape=lands)), "swag centre lies in a wider")
+    wide = _claim(analysis_claims(_inputs(landscape=lands)), "swag centre lies in a wider")
     assert wide.holds is True
     assert "wider in 4 and narrower in 0 of 4" in wide.evidence
     swapped = dataclasses.replace(
         lands, rays={"sgd": lands.rays["swag"], "swag": lands.rays["sgd"]}
     )
-    narrow = _claim(analyses.claims(_inputs(landscape=swapped)), "swag centre lies in a wider")
+    narrow = _claim(analysis_claims(_inputs(landscape=swapped)), "swag centre lies in a wider")
     assert narrow.holds is False
 
 
 def test_widths_beyond_the_grid_count_as_its_end() -> None:
     ray = _ray("swag", [2.0, None])
-    assert num.ray_widths(ray) == [2.0, 10.0]
+    assert landscape_numbers.ray_widths(ray) == [2.0, 10.0]
 
 
 def test_mixed_directions_leave_the_width_claim_undecided() -> None:
-    c = num.compare_widths(_ray("sgd", [1.0, 1.0, 5.0]), _ray("swag", [3.0, 0.5, 4.0]))
+    c = landscape_numbers.compare_widths(
+        _ray("sgd", [1.0, 1.0, 5.0]), _ray("swag", [3.0, 0.5, 4.0])
+    )
     assert c is not None and c.mean_wide > c.mean_narrow
     assert (c.wider, c.narrower) == (1, 2)
     assert c.verdict is None
@@ -278,37 +325,37 @@ def test_mixed_directions_leave_the_width_claim_undecided() -> None:
 
 @pytest.mark.parametrize(("flat_to", "holds"), [(2.0, False), (10.0, False), (100.0, True)])
 def test_sigma_distance_returns_the_planted_breakpoint(flat_to: float, holds: bool) -> None:
-    curve = num.sigma_curve(_sigma_rows(flat_to))
-    assert curve is not None and num.flat_up_to(curve) == flat_to
-    claim = _claim(analyses.claims(_inputs(landscape=_landscape(flat_to=flat_to))), "(swag)")
+    curve = sigma_curves.sigma_curve_of(_sigma_rows(flat_to))
+    assert curve is not None and sigma_curves.flat_range(curve) == flat_to
+    claim = _claim(analysis_claims(_inputs(landscape=_landscape(flat_to=flat_to))), "(swag)")
     assert claim.holds is holds
     assert f"up to m = {flat_to:g}" in claim.evidence
 
 
 def test_sigma_claim_is_undecided_when_the_grid_stops_short() -> None:
     rows = [r for r in _sigma_rows(100.0) if r["multiple"] <= 20]
-    curve = num.sigma_curve(rows)
-    assert num.flat_up_to(curve) == 20.0
-    assert num.flat_verdict(curve, 20.0) is None
+    curve = sigma_curves.sigma_curve_of(rows)
+    assert sigma_curves.flat_range(curve) == 20.0
+    assert landscape_numbers.flat_verdict(curve, 20.0) is None
 
 
 def test_missing_landscape_gives_no_crash_and_undecided_claims() -> None:
     bare = _inputs(landscape=None, dswag_sweep=[])
-    found = analyses.claims(bare)
+    found = analysis_claims(bare)
     for text in ("edge of the basin", "swag centre lies in a wider", "flat out to"):
         claim = _claim(found, text)
         assert claim.holds is None and "no landscape" in claim.evidence
-    drawn = analyses.draw(bare)
+    drawn = analysis_pngs(bare)
     assert not {"analysis_line", "analysis_rays", "analysis_sigma_distance"} & set(drawn)
-    blocks = analyses.sections(bare, drawn)
+    blocks = analysis_blocks(bare)
     assert any("No landscape figures" in getattr(b, "text", "") for b in blocks)
 
 
 def test_nothing_at_all_still_renders_sections() -> None:
     bare = ReportInputs("t", [], {}, {}, {})
-    assert analyses.draw(bare) == {}
-    assert all(c.holds is None for c in analyses.claims(bare))
-    assert analyses.sections(bare, {})
+    assert analysis_pngs(bare) == {}
+    assert all(c.holds is None for c in analysis_claims(bare))
+    assert analysis_blocks(bare)
 
 
 # ---------------------------------------------------------------- sharpness
@@ -331,16 +378,16 @@ def _brute_spearman(x: list[float], y: list[float]) -> float:
 def test_spearman_matches_brute_force_with_ties() -> None:
     x = [0.3, 0.1, 0.3, 0.7, 0.2, 0.7, 0.9]
     y = [2.0, 1.0, 1.5, 1.5, 3.0, 4.0, 0.5]
-    assert num.spearman(x, y) == pytest.approx(_brute_spearman(x, y), abs=1e-12)
-    assert list(num.ranks(np.array(x))) == [3.5, 1.0, 3.5, 5.5, 2.0, 5.5, 7.0]
+    assert stats.spearman(x, y) == pytest.approx(_brute_spearman(x, y), abs=1e-12)
+    assert list(stats.ranks(np.array(x))) == [3.5, 1.0, 3.5, 5.5, 2.0, 5.5, 7.0]
 
 
 def test_exact_permutation_p_counts_orderings() -> None:
     x = [1.0, 2.0, 3.0, 4.0]
     # Only the identity ordering reaches rho = 1: p = 1 / 4!.
-    assert num.permutation_p(x, x) == pytest.approx(1 / math.factorial(4))
-    rhos = [num.spearman(x, list(p)) for p in itertools.permutations(x)]
-    assert num.permutation_p(x, [4.0, 3.0, 2.0, 1.0]) == 1.0
+    assert stats.permutation_p(x, x) == pytest.approx(1 / math.factorial(4))
+    rhos = [stats.spearman(x, list(p)) for p in itertools.permutations(x)]
+    assert stats.permutation_p(x, [4.0, 3.0, 2.0, 1.0]) == 1.0
     assert min(rhos) == -1.0
 
 
@@ -360,10 +407,10 @@ def test_flat_calibration_claim_follows_the_planted_sign(
 ) -> None:
     planted = _with_sharpness(inputs, sign)
     for x in ("sharpness", "hessian_trace"):
-        found = analyses.sharpness_correlations(planted, x)
+        found = sharpness.sharpness_correlations(planted, x)
         assert [c.rho for c in found] == [pytest.approx(sign), pytest.approx(sign)]
         assert all(c.n == len(PREDICTORS) for c in found)
-    claim = _claim(analyses.claims(planted), "lower SAM sharpness")
+    claim = _claim(analysis_claims(planted), "lower SAM sharpness")
     assert claim.holds is holds
     assert f"n = {len(PREDICTORS)}" in claim.evidence
 
@@ -373,78 +420,78 @@ def test_flat_calibration_claim_follows_the_planted_sign(
 
 def test_a_tiny_shift_gap_is_within_noise(inputs: ReportInputs) -> None:
     tiny = _inputs(predictors=_predictors(boost=0.0, tiny=1e-3))
-    gaps = num.shift_gaps(tiny, tiny.predictors[0])
+    gaps = shift_numbers.shift_gaps(tiny, tiny.predictors[0])
     assert [g.predictor for g in gaps] == ["swag", "fswag", "ensemble"]
     for g in gaps:
         assert all(iv is not None and iv.verdict() == "within noise" for iv in g.intervals)
         assert g.growth is not None and g.growth.low < 0 < g.growth.high
-        assert num.growth_verdict(g) is None
-    claim = _claim(analyses.claims(tiny), "helps most under shift")
+        assert shift_numbers.growth_verdict(g) is None
+    claim = _claim(analysis_claims(tiny), "helps most under shift")
     assert claim.holds is None
 
 
 def test_a_growing_shift_gap_holds(inputs: ReportInputs) -> None:
-    gaps = num.shift_gaps(inputs, inputs.predictors[0])
+    gaps = shift_numbers.shift_gaps(inputs, inputs.predictors[0])
     for g in gaps:
         assert g.gap[-1] > g.gap[0]
         assert g.growth is not None and g.growth.low > 0
         assert g.intervals[-1] is not None and g.intervals[-1].verdict() == "better"
-    assert _claim(analyses.claims(inputs), "helps most under shift").holds is True
+    assert _claim(analysis_claims(inputs), "helps most under shift").holds is True
     shrinking = _inputs(predictors=_predictors(boost=-0.01))
-    assert _claim(analyses.claims(shrinking), "helps most under shift").holds is False
+    assert _claim(analysis_claims(shrinking), "helps most under shift").holds is False
 
 
 def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drawn, claimed and tabled from one computation, with the numbers of a fresh one."""
-    fresh, original, calls = _inputs(), num.shift_gaps, []
+    fresh, original, calls = _inputs(), shift_numbers.shift_gaps, []
 
-    def counted(inputs: ReportInputs, base: PredictorResult) -> list[num.ShiftGap]:
+    def counted(inputs: ReportInputs, base: PredictorResult) -> list[shift_numbers.ShiftGap]:
         calls.append(inputs)
         return original(inputs, base)
 
-    monkeypatch.setattr(num, "shift_gaps", counted)
-    pngs = analyses.draw(fresh)
-    claim = _claim(analyses.claims(fresh), "helps most under shift")
-    blocks = analyses.sections(fresh, pngs)
+    monkeypatch.setattr(shift, "shift_gaps", counted)
+    analysis_pngs(fresh)
+    claim = _claim(analysis_claims(fresh), "helps most under shift")
+    blocks = analysis_blocks(fresh)
     assert calls == [fresh]
     gaps = original(fresh, fresh.predictors[0])
-    assert claim.holds is True and f"{num.large_gap(gaps[0]):+.4f}" in str(blocks)
+    assert claim.holds is True and f"{shift_numbers.large_gap(gaps[0]):+.4f}" in str(blocks)
     tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
     assert any("Growth [95%]" in t.header for t in tables)
 
 
 def test_shift_claim_without_predictions_has_no_interval(inputs: ReportInputs) -> None:
     bare = [dataclasses.replace(p, predictions=None) for p in inputs.predictors]
-    claim = _claim(analyses.claims(_inputs(predictors=bare)), "helps most under shift")
+    claim = _claim(analysis_claims(_inputs(predictors=bare)), "helps most under shift")
     assert claim.holds is None and "no interval" in claim.evidence
 
 
 def test_corruption_summary_means_and_worst(inputs: ReportInputs) -> None:
-    s = num.corruption_summary(inputs.predictors[1])
+    s = shift_numbers.corruption_summary(inputs.predictors[1])
     assert s is not None and s["worst"] == "brightness"
     assert s["means"]["nll"] == pytest.approx(0.2 + 0.01)
 
 
 def test_ood_claim_compares_entropy_auroc(inputs: ReportInputs) -> None:
-    claim = _claim(analyses.claims(inputs), "detect OOD")
+    claim = _claim(analysis_claims(inputs), "detect OOD")
     assert claim.holds is True and "3 are higher" in claim.evidence
     flipped = []
     for p in inputs.predictors:
-        auroc = 0.7 if num.is_bayesian(p) else 0.9
+        auroc = 0.7 if is_bayesian(p) else 0.9
         ood = {"animal_mnist": {"entropy": {"auroc": auroc}}}
         flipped.append(dataclasses.replace(p, metrics={**p.metrics, "ood": ood}))
-    assert _claim(analyses.claims(_inputs(predictors=flipped)), "detect OOD").holds is False
+    assert _claim(analysis_claims(_inputs(predictors=flipped)), "detect OOD").holds is False
 
 
 def test_auroc_standard_error_shrinks_with_points() -> None:
-    assert num.auroc_se(0.9, 4000, 4000) < num.auroc_se(0.9, 400, 400)
-    assert num.auroc_se(1.0, 100, 100) == 0.0
+    assert stats.auroc_se(0.9, 4000, 4000) < stats.auroc_se(0.9, 400, 400)
+    assert stats.auroc_se(1.0, 100, 100) == 0.0
 
 
 def test_single_networks_have_no_mutual_information_row(
     inputs: ReportInputs, pngs: dict[str, bytes]
 ) -> None:
-    blocks = analyses.sections(inputs, pngs)
+    blocks = analysis_blocks(inputs)
     tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
     mi = next(t for t in tables if any("MI = 0" in r[1].text for r in t.rows))
     assert {r[0].text for r in mi.rows if "MI = 0" in r[1].text} == {"map", "swa"}
@@ -474,7 +521,7 @@ def test_every_figure_is_a_valid_png(pngs: dict[str, bytes]) -> None:
 
 
 def test_legends_lie_inside_the_canvas(inputs: ReportInputs) -> None:
-    for name, fig in analyses.build_figures(inputs).items():
+    for name, fig in analysis_figures(inputs).items():
         canvas = FigureCanvasAgg(fig)
         canvas.draw()
         renderer = canvas.get_renderer()
@@ -492,13 +539,13 @@ def test_legends_lie_inside_the_canvas(inputs: ReportInputs) -> None:
 
 
 def test_sections_embed_every_drawn_figure(inputs: ReportInputs, pngs: dict[str, bytes]) -> None:
-    blocks = analyses.sections(inputs, pngs)
+    blocks = analysis_blocks(inputs)
     shown = {b.name for b in blocks if getattr(b, "kind", "") == "figure"}
     assert shown == set(pngs)
 
 
 def test_drawing_twice_is_byte_identical(inputs: ReportInputs, pngs: dict[str, bytes]) -> None:
-    assert analyses.draw(inputs) == pngs
+    assert analysis_pngs(inputs) == pngs
 
 
 @pytest.mark.parametrize("n", [3, 6, 8, 9, 24])
@@ -510,14 +557,14 @@ def test_permutation_p_is_the_one_permutation_at_a_time_count(n: int) -> None:
     gen = np.random.default_rng(n)
     x = gen.integers(0, 4, n).astype(float).tolist()
     y = (gen.normal(size=n) + np.asarray(x)).round(1).tolist()
-    rx, ry = num.ranks(np.asarray(x)), num.ranks(np.asarray(y))
-    observed = num._pearson(rx, ry)
-    if n <= num.EXACT_PERMUTATIONS_MAX:
+    rx, ry = stats.ranks(np.asarray(x)), stats.ranks(np.asarray(y))
+    observed = stats._pearson(rx, ry)
+    if n <= stats.EXACT_PERMUTATIONS_MAX:
         orders = [np.asarray(p) for p in itertools.permutations(range(n))]
-        rhos = [num._pearson(rx, ry[p]) for p in orders]
+        rhos = [stats._pearson(rx, ry[p]) for p in orders]
     else:
         rng = np.random.default_rng(0)
-        draws = range(num.RANDOM_PERMUTATIONS)
-        rhos = [observed] + [num._pearson(rx, rng.permutation(ry)) for _ in draws]
+        draws = range(stats.RANDOM_PERMUTATIONS)
+        rhos = [observed] + [stats._pearson(rx, rng.permutation(ry)) for _ in draws]
     expected = float(np.mean([r >= observed - 1e-12 for r in rhos]))
-    assert num.permutation_p(x, y) == expected
+    assert stats.permutation_p(x, y) == expected

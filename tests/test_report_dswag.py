@@ -26,26 +26,21 @@ from test_report import (
 
 from bayesavg.metrics import accuracy, brier, ece, nll
 from bayesavg.report import Predictions, PredictorResult, ReportInputs, SweepPoint, write_report
-from bayesavg.report.claims import Claim
-from bayesavg.report.distributed import (
-    PAPER,
-    SIGN_NOTE,
-    accuracy_interval,
-    claims,
-    dswag_roles,
-    flat_range,
-    overview,
-    sigma_curve,
-)
-from bayesavg.report.figures import (
+from bayesavg.report.claims import DSWAG_PAPER as PAPER
+from bayesavg.report.claims import Claim, claim_text
+from bayesavg.report.sections.calibration import reliability_layout
+from bayesavg.report.sections.distributed import SIGN_NOTE, claims, overview
+from bayesavg.report.sections.distributed.figures import (
     dswag_reliability_figure,
     dswag_rounds_figure,
     dswag_sigma_figure,
     dswag_workers_figure,
-    reliability_layout,
-    run_offset,
 )
-from bayesavg.report.headline import claim_text
+from bayesavg.report.sections.distributed.numbers import dswag_roles
+from bayesavg.report.sections.distributed.numbers import point_curve as sigma_curve
+from bayesavg.report.sections.training import run_offset
+from bayesavg.report.sigma_curves import flat_range
+from bayesavg.report.stats import accuracy_interval
 from bayesavg.report.uncertainty import compute
 
 DSWAG_FIGURES = ("dswag_rounds", "dswag_reliability", "dswag_sigma_distance", "dswag_workers")

@@ -1,14 +1,12 @@
 """Final report of the pipeline: an offline HTML page and a Markdown twin.
 
 ``uncertainty`` computes every bootstrap interval once (torch, via
-``bayesavg.intervals``) from the per-point predictions, ``findings`` says
-what beats what beyond noise, ``headline`` ranks and lists the papers'
-claims, ``figures`` draws small multiples by family (``style``),
-``document`` lays out every section once as blocks (``blocks``) and
-``render`` writes them as HTML and Markdown.
+``bayesavg.intervals``) from the per-point predictions; each module of
+``sections`` builds one part the reader sees (its numbers, claims and
+figures, in the look of ``style``); ``document`` lists the sections in order
+and ``render`` writes their blocks as HTML and Markdown.
 """
 
-from .findings import pair_predictors
 from .inputs import (
     Landscape,
     LineData,
@@ -21,6 +19,7 @@ from .inputs import (
     SweepPoint,
 )
 from .render import write_report
+from .sections.comparisons import pair_predictors
 
 __all__ = [
     "Landscape",

@@ -1,14 +1,29 @@
-"""The block types a report is made of; every section builds a list of them.
+"""What a report is made of: tables, blocks, and the ``Section`` every section module builds.
 
-Kept apart from ``document`` so that section modules (headline, analyses)
-can build blocks without importing the document that imports them.
+The renderers only decide how a block looks, so the HTML page and the Markdown twin
+cannot drift apart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from .findings import Table
+from .claims import Claim, finding_text
+
+
+class Cell(NamedTuple):
+    """One table cell; bold marks the best value or an improvement."""
+
+    text: str
+    bold: bool = False
+
+
+class Table(NamedTuple):
+    """A header and rows of cells, the same for HTML and Markdown."""
+
+    header: list[str]
+    rows: list[list[Cell]]
 
 
 @dataclass(frozen=True)
@@ -56,3 +71,38 @@ class Preformatted:
 
 
 Block = Heading | Paragraph | Bullets | TableBlock | FigureBlock | Preformatted
+
+
+@dataclass(frozen=True)
+class Section:
+    """What a section module's ``build(inputs, unc)`` returns: its blocks in reading order
+    and the papers' claims it checks, which the headline lists."""
+
+    blocks: list[Block]
+    claims: list[Claim] = field(default_factory=list)
+
+
+def bullets_or(lines: list[str], empty: str) -> Block:
+    """A list, or a sentence saying there is nothing to list."""
+    return Bullets(lines) if lines else Paragraph(empty)
+
+
+def claim_bullets(found: list[Claim]) -> Bullets:
+    """An analysis section's claims, one bullet each."""
+    return Bullets([finding_text(c) for c in found])
+
+
+def figure_section(
+    name: str, png: bytes | None, caption: str, table: Table | None = None
+) -> list[Block]:
+    """A figure under its own heading, with the table of its key numbers below it; nothing
+    when the figure has no data."""
+    if png is None:
+        return []
+    blocks: list[Block] = [Heading(2, f"Figure: {name}"), FigureBlock(name, png, caption)]
+    return blocks + ([TableBlock(table)] if table is not None else [])
+
+
+def figure(name: str, png: bytes | None, caption: str) -> list[Block]:
+    """A figure inside a section, without a heading; nothing when it has no data."""
+    return [FigureBlock(name, png, caption)] if png is not None else []

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SWA_PAPER = "SWA (Izmailov et al. 2018)"
+BMA_PAPER = "Bayesian model averaging (SWAG, Maddox et al. 2019)"
+FLAT_PAPER = "Flat-seeking posteriors (Nguyen et al. 2023)"
+HWA_PAPER = "HWA (Karimi & Li)"
+DSWAG_PAPER = "DSWAG (Kiriti, Tsai, Duncan)"
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -18,3 +24,13 @@ class Claim:
     @property
     def verdict(self) -> str:
         return {True: "holds", False: "does not hold", None: "undecided"}[self.holds]
+
+
+def claim_text(claim: Claim) -> str:
+    """The headline's form: verdict first, then the paper, the statement and the evidence."""
+    return f"[{claim.verdict}] {claim.paper}: {claim.statement}. {claim.evidence}"
+
+
+def finding_text(claim: Claim) -> str:
+    """An analysis section's form: the statement, its paper, the verdict, the evidence."""
+    return f"{claim.statement} ({claim.paper}): {claim.verdict}. {claim.evidence}"

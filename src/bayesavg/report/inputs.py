@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..methods import REGISTRY
+
 # Quantiles of the per-weight ratio sigma / sigma_0 a variational predictor reports.
 SIGMA_KEYS = ("min", "p01", "p10", "p25", "median", "p75", "p90", "p99", "max", "mean")
 
@@ -212,3 +214,9 @@ def trajectory_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if isinstance(finetune, dict)
         else {}
     )
+
+
+def is_bayesian(p: PredictorResult) -> bool:
+    """Whether the predictor averages several networks (single networks have MI = 0)."""
+    method = REGISTRY.get(p.method)
+    return method is None or method.samples != "one"

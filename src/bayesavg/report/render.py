@@ -17,8 +17,7 @@ import jinja2
 
 from ..runtime.io import write_bytes, write_text
 from . import document
-from .document import Block, Heading
-from .figures import draw_figures
+from .blocks import Block, FigureBlock, Heading
 from .inputs import ReportInputs
 
 
@@ -71,12 +70,12 @@ def write_report(inputs: ReportInputs, out_dir: Path) -> dict[str, Path]:
     """Write report.html, report.md and figures/*.png; return their paths by name."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = draw_figures(inputs)
+    blocks = document.build(inputs)
     paths: dict[str, Path] = {}
-    for name, data in pngs.items():
-        paths[name] = out_dir / "figures" / f"{name}.png"
-        write_bytes(paths[name], data)
-    blocks = document.build(inputs, pngs)
+    for block in blocks:
+        if isinstance(block, FigureBlock):
+            paths[block.name] = out_dir / "figures" / f"{block.name}.png"
+            write_bytes(paths[block.name], block.png)
     paths["md"] = out_dir / "report.md"
     write_text(paths["md"], to_markdown(blocks))
     paths["html"] = out_dir / "report.html"

@@ -1,4 +1,6 @@
-"""One look for every figure: predictor families, a colour per predictor, F-variants dashed.
+"""One look for every figure, and the drawing helpers every section shares.
+
+Predictor families, a colour per predictor, F-variants dashed.
 
 Figures are small multiples by family (SWA/SWAG, VI/HWA, dropout, ensembles,
 SGLD, distributed), each predictor beside its flat-seeking (SAM) variant. A
@@ -9,9 +11,13 @@ panel, grey, as the common reference.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from .inputs import PredictorResult, ReportInputs, trajectory_params
 
@@ -26,7 +32,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 DISTRIBUTED = "Distributed (DSWAG)"
 OTHER = "Other"
 BASELINE_COLOUR = "0.35"
-_PALETTE = matplotlib.colormaps["tab10"].colors
+TAB10 = matplotlib.colormaps["tab10"].colors
 
 
 def is_flat_seeking(p: PredictorResult, inputs: ReportInputs) -> bool:
@@ -91,7 +97,7 @@ def colours(inputs: ReportInputs) -> dict[str, Any]:
             if is_flat_seeking(p, inputs) and ref in out and ref != inputs.baseline:
                 out[p.name] = out[ref]
                 continue
-            out[p.name] = _PALETTE[i % len(_PALETTE)]
+            out[p.name] = TAB10[i % len(TAB10)]
             i += 1
     return out
 
@@ -101,3 +107,70 @@ def linestyle(p: PredictorResult, inputs: ReportInputs) -> str:
     if p.name == inputs.baseline:
         return ":"
     return "--" if is_flat_seeking(p, inputs) else "-"
+
+
+def line_style(p: PredictorResult, inputs: ReportInputs, colours: dict[str, Any]) -> dict:
+    """The predictor's colour and line style, as in every figure."""
+    return {"color": colours.get(p.name, "k"), "linestyle": linestyle(p, inputs)}
+
+
+def family_members(inputs: ReportInputs) -> list[tuple[str, list[PredictorResult]]]:
+    """Each family's panel members, the baseline first (grey, dotted) in every one."""
+    base = baseline(inputs)
+    lead = [base] if base is not None else []
+    return [(title, lead + members) for title, members in families(inputs).items()]
+
+
+def png(fig: Figure) -> bytes:
+    """PNG bytes without software metadata: identical figures give identical bytes.
+
+    Figures are bare ``Figure`` objects (no pyplot, hence no global backend or
+    figure state); Agg renders them.
+    """
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def png_or_none(fig: Figure | None) -> bytes | None:
+    """``png`` of a figure builder's result, which is None when there is no data."""
+    return png(fig) if fig is not None else None
+
+
+def grid(rows: int, cols: int, width: float, height: float) -> tuple[Figure, np.ndarray]:
+    """A constrained-layout figure ``width`` wide with ``rows`` rows of ``height``."""
+    fig = Figure(figsize=(width, 0.5 + height * rows), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False)
+
+
+def series_axes(
+    fig: Figure, rows: int, cols: int, width: float = 3.3, height: float = 2.4
+) -> np.ndarray:
+    """A grid of axes on a constrained-layout figure sized for readable panels."""
+    fig.set_size_inches(min(width * cols + 2.5, 18), height * rows + 0.8)
+    return fig.subplots(rows, cols, squeeze=False)
+
+
+def row_legend(ax: Any, title: str | None = None, framed: bool = True) -> None:
+    """The panel's legend right of its axes, outside them; constrained layout makes room.
+
+    ``framed=False``: no frame and matplotlib's padding, as the analyses draw it.
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    kw: dict[str, Any] = (
+        {"borderaxespad": 0.0, "title": title, "title_fontsize": "small"}
+        if framed
+        else {"frameon": False}
+    )
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", **kw)
+
+
+def symlog_axis(ax: Any, ticks: list[float], linthresh: float) -> None:
+    """A symlog x axis: 0 and the linear part first, then decades; ticks at ``ticks``."""
+    ax.set_xscale("symlog", linthresh=linthresh, linscale=0.5)
+    ax.set_xticks(ticks)
+    ax.set_xlim(left=-0.3 * linthresh)  # nothing lies left of 0: no empty negative half
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())

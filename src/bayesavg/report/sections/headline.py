@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import math
 
-from . import distributed, findings
-from .blocks import Block, Bullets, Heading, Paragraph, TableBlock
-from .claims import Claim
-from .findings import Cell, Table
-from .inputs import PredictorResult, ReportInputs
-from .uncertainty import Uncertainty
-
-DSWAG_PAPER = distributed.PAPER
+from ..blocks import (
+    Cell,
+    Heading,
+    Paragraph,
+    Section,
+    Table,
+    TableBlock,
+    bullets_or,
+)
+from ..claims import DSWAG_PAPER, Claim, claim_text
+from ..formats import with_interval
+from ..inputs import PredictorResult, ReportInputs
+from ..uncertainty import Uncertainty
 
 
 def _nll(p: PredictorResult, unc: Uncertainty) -> float:
@@ -34,7 +39,7 @@ def ranking_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
     header = ["Rank", "Predictor", "NLL [95% CI]", f"NLL - {base} [95% CI]", f"vs {base}"]
     rows = []
     for rank, p in enumerate(ranking(inputs, unc), start=1):
-        value = findings.with_interval("nll", _nll(p, unc), unc.estimate(p.name, "nll"))
+        value = with_interval("nll", _nll(p, unc), unc.estimate(p.name, "nll"))
         comp = unc.comparison(base, p.name)
         if p.name == base:
             diff, verdict = "", "baseline"
@@ -56,20 +61,12 @@ def ranking_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
     return Table(header, rows)
 
 
-def claim_text(claim: Claim) -> str:
-    """One bullet: verdict first, then the paper, the statement and the evidence."""
-    return f"[{claim.verdict}] {claim.paper}: {claim.statement}. {claim.evidence}"
+def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section:
+    """The headline, built last from every other section's claims and shown first.
 
-
-def claim_lines(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> list[str]:
-    """The papers' claims on this run: flat-seeking and HWA pairs, the analyses', and the
-    DSWAG paper's, each in the same form as in its section."""
-    found = (*findings.claims(inputs, unc), *analysed, *distributed.claims(inputs, unc))
-    return [claim_text(c) for c in found]
-
-
-def blocks(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> list[Block]:
-    """The headline section."""
+    The claims keep the sections' order, the DSWAG paper's last: they are the
+    most numerous.
+    """
     s = unc.settings
     note = (
         f"Predictors ranked by test NLL (lower is better), each with its {100 * s.level:g}% "
@@ -77,11 +74,12 @@ def blocks(inputs: ReportInputs, unc: Uncertainty, analysed: list[Claim]) -> lis
         f"the baseline {inputs.baseline} ({s.resamples} resamples, seed {s.seed}): 'better' "
         "or 'worse' only where that interval excludes 0."
     )
-    lines = claim_lines(inputs, unc, analysed)
-    return [
+    lines = [claim_text(c) for c in sorted(found, key=lambda c: c.paper == DSWAG_PAPER)]
+    blocks = [
         Heading(2, "Headline"),
         Paragraph(note),
         TableBlock(ranking_table(inputs, unc)),
         Heading(3, "The papers' claims on this run"),
-        Bullets(lines) if lines else Paragraph("No claim can be checked on these predictors."),
+        bullets_or(lines, "No claim can be checked on these predictors."),
     ]
+    return Section(blocks)

@@ -1,0 +1,47 @@
+"""Setup: what data, which predictors, against what baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...methods import REGISTRY
+from ..blocks import (
+    Heading,
+    Paragraph,
+    Section,
+)
+from ..inputs import ReportInputs
+from ..uncertainty import Uncertainty
+
+
+def _kl_weight(params: dict[str, Any], trajectory: str) -> float:
+    """The trajectory's VI KL weight from the raw params (1.0 where there is none)."""
+    traj = params.get("finetune", {}).get(trajectory, {})
+    vi = traj.get("vi") if isinstance(traj, dict) else None
+    return float(vi.get("kl_weight", 1.0)) if isinstance(vi, dict) else 1.0
+
+
+def summary(inputs: ReportInputs) -> str:
+    """One paragraph: what data, which predictors, against what baseline."""
+    info = dict(inputs.dataset_summary)
+    name = info.pop("dataset", None)
+    details = ", ".join(f"{k}={v}" for k, v in info.items())
+    data = f"Dataset {name}" if name is not None else "Dataset"
+    data = f"{data} ({details})." if details else f"{data}: no summary given."
+    described = []
+    for p in inputs.predictors:
+        what = REGISTRY[p.method].label if p.method in REGISTRY else f"method {p.method}"
+        extra = f", scale {p.scale:g}" if p.scale else ""
+        kl_weight = _kl_weight(inputs.params, p.trajectory)
+        if kl_weight != 1.0:
+            extra += f", tempered: KL weight {kl_weight:g}, not the true ELBO"
+        described.append(f"{p.name} ({what}, trajectory {p.trajectory}{extra})")
+    return (
+        f"{data} Predictors: {'; '.join(described) or 'none'}. "
+        f"Each is compared with the baseline {inputs.baseline}; "
+        "lower is better for NLL, ECE and Brier, higher for accuracy."
+    )
+
+
+def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
+    return Section([Heading(2, "Setup"), Paragraph(summary(inputs))])

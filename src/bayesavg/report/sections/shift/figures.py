@@ -1,0 +1,98 @@
+"""Dataset shift's figures: metrics against the rotation angle by family, and the NLL gap
+to the baseline with its intervals; each a bare ``Figure`` (None without data)."""
+
+from __future__ import annotations
+
+import math
+
+from matplotlib.figure import Figure
+
+from ... import style
+from ...inputs import PredictorResult, ReportInputs
+from .numbers import ShiftGap, angles, shift_value
+
+# (shift metric, axis label, factor)
+SHIFT_PANELS = (
+    ("accuracy", "accuracy (%)", 100.0),
+    ("nll", "NLL", 1.0),
+    ("ece", "ECE", 1.0),
+    ("entropy", "entropy H[p̄] (nats)", 1.0),
+)
+
+
+def _shift_groups(inputs: ReportInputs) -> dict[str, list[PredictorResult]]:
+    """Family -> predictors with rotations, the baseline first in each."""
+    base = style.baseline(inputs)
+    lead = [base] if base is not None and angles(base) else []
+    groups = {
+        title: lead + [p for p in ps if angles(p)] for title, ps in style.families(inputs).items()
+    }
+    return {t: ps for t, ps in groups.items() if any(p.name != inputs.baseline for p in ps)}
+
+
+def shift_figure(inputs: ReportInputs) -> Figure | None:
+    """Accuracy, NLL, ECE and entropy against rotation angle: a row per family, a column
+    per metric (each on its own axis)."""
+    groups = _shift_groups(inputs)
+    if not groups:
+        return None
+    colours = style.colours(inputs)
+    fig = Figure(layout="constrained")
+    axes = style.series_axes(fig, len(groups), len(SHIFT_PANELS))
+    for row, (title, ps) in zip(axes, groups.items(), strict=True):
+        for ax, (key, label, factor) in zip(row, SHIFT_PANELS, strict=True):
+            for p in ps:
+                xs = [a for a, _ in angles(p)]
+                ys = [factor * shift_value(p, n, key) for _, n in angles(p)]
+                ax.plot(
+                    xs, ys, marker="o", ms=3, label=p.name, **style.line_style(p, inputs, colours)
+                )
+            ax.set_xticks([0, 45, 90, 135, 180])
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        row[0].set_title(title, loc="left", fontsize="medium", fontweight="bold")
+        style.row_legend(row[-1], framed=False)
+    for ax in axes[-1]:
+        ax.set_xlabel("rotation (degrees)")
+    return fig
+
+
+def shift_gap_figure(inputs: ReportInputs, gaps: list[ShiftGap]) -> Figure | None:
+    """NLL(baseline) - NLL(predictor) against angle with 95% paired-bootstrap bars, a panel
+    per family."""
+    if not gaps:
+        return None
+    by_name = {g.predictor: g for g in gaps}
+    groups = {
+        t: [by_name[p.name] for p in ps if p.name in by_name]
+        for t, ps in style.families(inputs).items()
+    }
+    groups = {t: gs for t, gs in groups.items() if gs}
+    colours = style.colours(inputs)
+    predictors = {p.name: p for p in inputs.predictors}
+    cols = min(3, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig = Figure(layout="constrained")
+    axes = style.series_axes(fig, rows, cols, width=4.2, height=2.8).ravel()
+    for ax, (title, gs) in zip(axes, groups.items(), strict=False):
+        for g in gs:
+            kw = style.line_style(predictors[g.predictor], inputs, colours)
+            bounds = g.bounds()
+            yerr = None
+            if bounds is not None:
+                yerr = [
+                    [v - lo for v, lo in zip(g.gap, bounds[0], strict=True)],
+                    [hi - v for v, hi in zip(g.gap, bounds[1], strict=True)],
+                ]
+            ax.errorbar(
+                g.angles, g.gap, yerr=yerr, marker="o", ms=3, capsize=2, label=g.predictor, **kw
+            )
+        ax.axhline(0.0, color="k", linewidth=0.8)
+        ax.set_title(title, fontsize="medium")
+        ax.set_xticks([0, 45, 90, 135, 180])
+        ax.set(xlabel="rotation (degrees)", ylabel=f"NLL({inputs.baseline}) - NLL(predictor)")
+        ax.grid(alpha=0.3)
+        style.row_legend(ax, framed=False)
+    for ax in axes[len(groups) :]:
+        ax.set_axis_off()
+    return fig

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timing import Stopwatch, median_range, rotation, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).resolve().parent / "dswag.json"
 
@@ -75,13 +77,12 @@ def job(args: argparse.Namespace) -> None:
     fields = posterior_fields(p, prepared, "dswag", kwargs)
     join(device)  # the rendezvous (waiting for the other ranks' start-up) is not timed
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.perf_counter()
-    out = run_dswag(p.seed, "dswag", traj, net, splits, prepared.train.y, fields)
-    seconds = time.perf_counter() - started
+    with Stopwatch() as watch:
+        out = run_dswag(p.seed, "dswag", traj, net, splits, prepared.train.y, fields)
     rank = int(os.environ.get("RANK", "0"))
     record: dict[str, Any] = {
         "rank": rank,
-        "seconds": seconds,
+        "seconds": watch.seconds,
         "rss_before_kib": rss_before,
         "rss_peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "model_bytes": 4 * sum(q.numel() for q in net.parameters()),
@@ -104,10 +105,10 @@ def _steps(_: int) -> float:
     torch.manual_seed(0)
     net = build_model("lenet5", (1, 28, 28), 10, {})
     x, y = torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,))
-    started = time.perf_counter()
-    for _ in range(400):
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-    return time.perf_counter() - started
+    with Stopwatch() as watch:
+        for _ in range(400):
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+    return watch.seconds
 
 
 def ceiling(pool1: Any, pool2: Any) -> float:
@@ -124,11 +125,10 @@ def launch_job(nproc: int, clients: int | None, tmp: Path) -> dict[str, Any]:
     env = {**os.environ, "BAYESAVG_NPROC": str(nproc), "BAYESAVG_THREADS": "1"}
     cmd = [sys.executable, __file__, "--job", "--result", str(result)]
     cmd += ["--clients", str(clients)] if clients else []
-    started = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, cwd=ROOT)
-    wall = time.perf_counter() - started
+    with Stopwatch() as watch:
+        subprocess.run(cmd, env=env, check=True, cwd=ROOT)
     ranks = [json.loads((tmp / f"{result.name}.rank{r}.json").read_text()) for r in range(nproc)]
-    return {"wall": wall, "ranks": ranks}
+    return {"wall": watch.seconds, "ranks": ranks}
 
 
 def main() -> None:
@@ -162,7 +162,7 @@ def main() -> None:
         for i in range(args.repeats):
             ceilings.append(ceiling(pool1, pool2))
             print(f"  independent work, 2 processes vs 1: {ceilings[-1]:.2f}x", flush=True)
-            for n in (1, 2) if i % 2 == 0 else (2, 1):
+            for n in rotation((1, 2), i):  # 1, 2, 2, 1, ...: load drift hits both alike
                 runs[n].append(launch_job(n, None, tmp))
                 print(f"  {n} process(es): {runs[n][-1]['ranks'][0]['seconds']:.1f} s", flush=True)
         few = launch_job(2, args.memory_clients // 10, tmp)
@@ -190,11 +190,12 @@ def main() -> None:
         }
         for r, f in zip(memory["ranks"], few["ranks"], strict=True)
     ]
+    ceiling_median, ceiling_low, ceiling_high = median_range(ceilings)
     results = {
         "repeats": args.repeats,
         "speedup_compute": statistics.median(compute[1]) / statistics.median(compute[2]),
-        "machine_ceiling": statistics.median(ceilings),
-        "machine_ceiling_range": [min(ceilings), max(ceilings)],
+        "machine_ceiling": ceiling_median,
+        "machine_ceiling_range": [ceiling_low, ceiling_high],
         "speedup_wall": statistics.median(wall[1]) / statistics.median(wall[2]),
         "seconds_compute": compute,
         "seconds_wall": wall,
@@ -207,7 +208,7 @@ def main() -> None:
         },
         "cpu_count": os.cpu_count(),
     }
-    OUT.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(OUT, results)
     print(
         f"DSWAG (the default trajectory): 2 processes vs 1 (one thread each): "
         f"{results['speedup_compute']:.2f}x in run_dswag, {results['speedup_wall']:.2f}x whole "
@@ -216,7 +217,7 @@ def main() -> None:
     print(
         f"this machine, two independent single-thread processes vs one: "
         f"{results['machine_ceiling']:.2f}x (2.0 on two free cores; range "
-        f"{min(ceilings):.2f}-{max(ceilings):.2f}): the most any 2-process run can gain here"
+        f"{ceiling_low:.2f}-{ceiling_high:.2f}): the most any 2-process run can gain here"
     )
     for r in per_rank:
         print(

@@ -24,13 +24,15 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from timing import Outcome, Stopwatch, interleave, load_average, median_range, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).resolve().parent / "pipeline.json"
@@ -79,35 +81,35 @@ def workspace(root: Path) -> Path:
     return root
 
 
-def timed(cmd: list[str], cwd: Path) -> float:
-    started = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, env=env(), check=True, capture_output=True)
-    return time.perf_counter() - started
+def timed(cmd: list[str], cwd: Path) -> Outcome:
+    """The wall time of one whole process, start-up and exit included."""
+    with Stopwatch() as watch:
+        subprocess.run(cmd, cwd=cwd, env=env(), check=True, capture_output=True)
+    return Outcome(watch.seconds)
+
+
+def summary(seconds: list[float]) -> dict[str, Any]:
+    """One variant's median and range, to the millisecond: process start-up is not finer."""
+    median, low, high = median_range(seconds)
+    return {
+        "median_seconds": round(median, 3),
+        "range_seconds": [round(low, 3), round(high, 3)],
+        "rounds": len(seconds),
+    }
 
 
 def fixed_cost(root: Path, rounds: int) -> dict[str, Any]:
     """(a): the trivial stage beside the reference processes, rounds interleaved."""
     (root / "stages" / "bench_trivial.py").write_text(TRIVIAL_STAGE)
     python = str(BIN / "python")
-    variants = {
+    commands = {
         "trivial_tracked_stage": [python, "stages/bench_trivial.py"],
         "python_start": [python, "-c", "pass"],
         "import_torch": [python, "-c", "import torch"],
     }
-    timed(variants["trivial_tracked_stage"], root)  # warm-up: creates the store and experiment
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            times[name].append(timed(variants[name], root))
-    return {
-        name: {
-            "median_seconds": round(statistics.median(t), 3),
-            "range_seconds": [round(min(t), 3), round(max(t), 3)],
-            "rounds": len(t),
-        }
-        for name, t in times.items()
-    }
+    variants = {name: partial(timed, cmd, root) for name, cmd in commands.items()}
+    variants["trivial_tracked_stage"]()  # warm-up: creates the store and experiment
+    return {name: summary(t) for name, t in interleave(variants, rounds).items()}
 
 
 def forced_repro(root: Path) -> dict[str, Any]:
@@ -165,12 +167,12 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bayesavg-bench-") as tmp:
         root = workspace(Path(tmp))
-        results: dict[str, Any] = {"load_average_start": list(os.getloadavg())}
+        results: dict[str, Any] = {"load_average_start": load_average()}
         results["fixed_cost"] = fixed_cost(root, args.rounds)
         if not args.skip_repro:
             results["forced_repro"] = forced_repro(root)
-        results["load_average_end"] = list(os.getloadavg())
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+        results["load_average_end"] = load_average()
+    write_results(args.out, results)
     print("(a) fixed cost of one stage, whole process, median [range]:")
     for name, r in results["fixed_cost"].items():
         low, high = r["range_seconds"]

@@ -10,10 +10,11 @@
     gives less than 2.0); and the gain of splitting B in two on one core.
     Ceiling x that gain bounds what 2 ranks can gain over 1 process.
 (3) ``augment.draw_epoch`` + ``apply`` over a 50,000-image CIFAR epoch,
-    against PreResNet-20's epoch time from (1) and torchvision per image.
+    against PreResNet-20's epoch time from (1) and torchvision per image
+    (``augmentation.py``).
 
 Variants are warmed up, then run once per round in a rotated order
-(``run.interleave``); medians and ranges over rounds are reported. Workers
+(``timing.interleave``); medians and ranges over rounds are reported. Workers
 start once and take jobs from queues: process start-up is never timed.
 Nothing is asserted. ``python benchmarks/scale.py [--quick]`` writes
 ``benchmarks/scale.json``; see ``benchmarks/README.md``.
@@ -22,9 +23,7 @@ Nothing is asserted. ``python benchmarks/scale.py [--quick]`` writes
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import tempfile
 import time
 import traceback
@@ -32,25 +31,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import augmentation
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from run import Outcome, fmt_range, interleave, machine_info, median_range, per_round_ratios
+from common import SEED, mnist5k
+from timing import (
+    Outcome,
+    Stopwatch,
+    busy,
+    finish,
+    fmt_range,
+    interleave,
+    machine_info,
+    median_range,
+    per_round_ratios,
+    write_results,
+)
 
 from bayesavg.config import Params, parse_params
-from bayesavg.data import Prepared, Split, channel_stats, prepare
+from bayesavg.data import Prepared, Split, channel_stats
 from bayesavg.models import build_model
-from bayesavg.runtime.io import write_text
-from bayesavg.training.augment import Augment, apply, draw_epoch
+from bayesavg.training.augment import Augment
 from bayesavg.training.distributed import World
 from bayesavg.training.train import Compute
 from bayesavg.trajectories import finetune, initial_network
 from bayesavg.trajectories import run as run_module
 
 OUT = Path(__file__).resolve().parent / "scale.json"
-SEED = 0
-EPOCH_IMAGES = 50_000  # a CIFAR training epoch, for (3)
-AUG_BATCH = 128
 
 
 class ModelCase(NamedTuple):
@@ -94,8 +102,7 @@ def params(case: ModelCase, epochs: int) -> Params:
 def problem(name: str, n: int) -> Prepared:
     """mnist5k split as the pipeline does, or ``n`` CIFAR-shaped random images (+ 64 val/test)."""
     if name == "lenet5":
-        with tempfile.TemporaryDirectory() as tmp:
-            return prepare("mnist5k", tmp, Path(tmp) / "prepared", SEED, 0.2, 0.1)
+        return mnist5k()
     g = torch.Generator().manual_seed(SEED)
     x = torch.randint(0, 256, (n + 128, 3, 32, 32), generator=g, dtype=torch.uint8)
     y = torch.randint(0, 10, (n + 128,), generator=g)
@@ -154,12 +161,11 @@ def job_finetune(name: str, epochs: int, n: int) -> dict[str, float]:
     try:
         if _CACHE["world"] is not None:
             dist.barrier()
-        started = time.perf_counter()
-        finetune(p, "swag", data, start, torch.device("cpu"), compute=compute)
-        whole = time.perf_counter() - started
+        with Stopwatch() as whole:
+            finetune(p, "swag", data, start, torch.device("cpu"), compute=compute)
     finally:
         run_module.train = real
-    return {"train": sum(spent), "whole": whole}
+    return {"train": sum(spent), "whole": whole.seconds}
 
 
 def job_kernel(name: str, steps: int, batch: int) -> dict[str, float]:
@@ -175,11 +181,11 @@ def job_kernel(name: str, steps: int, batch: int) -> dict[str, float]:
     net, x, y = _CACHE[key]
     if _CACHE["world"] is not None:
         dist.barrier()
-    started = time.perf_counter()
-    for _ in range(steps):
-        net.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-    return {"train": time.perf_counter() - started}
+    with Stopwatch() as watch:
+        for _ in range(steps):
+            net.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+    return {"train": watch.seconds}
 
 
 JOBS = {"finetune": job_finetune, "kernel": job_kernel}
@@ -252,11 +258,11 @@ def scaling(name: str, groups: dict[str, Group], s: Settings) -> dict[str, Any]:
     def dp(group: str, images: int = n, epochs: int = epochs) -> Outcome:
         r = groups[group].run("finetune", name, epochs, images)[0]
         whole.setdefault(group, []).append(r["whole"])
-        return Outcome(r["train"], torch.empty(0))
+        return Outcome(r["train"])
 
     def kernel(group: str, steps: int, batch: int) -> Outcome:
         rs = groups[group].run("kernel", name, steps, batch)
-        return Outcome(max(r["train"] for r in rs), torch.empty(0))
+        return Outcome(max(r["train"] for r in rs))
 
     variants = {g: (lambda g=g: dp(g)) for g in groups}
     kernels = {  # a run's steps: on 1 process, shared by 2, and at the full batch
@@ -291,54 +297,13 @@ def scaling(name: str, groups: dict[str, Group], s: Settings) -> dict[str, Any]:
     }
 
 
-def augmentation(s: Settings, train_rate: float) -> dict[str, Any]:
-    """(3): batched on-CPU augmentation against torchvision per image, one thread."""
-    from torchvision import transforms  # here: the workers need not pay for its import
-
-    n = s.aug_images
-    x = torch.randint(0, 256, (n, 3, 32, 32), generator=torch.Generator().manual_seed(SEED))
-    x, aug = x.to(torch.uint8), Augment(4, True)
-    tv = transforms.Compose(
-        [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
-    )
-
-    def ours(m: int = n) -> Outcome:
-        started = time.perf_counter()
-        draws = draw_epoch(m, aug, torch.Generator().manual_seed(SEED))
-        for i in range(0, m, AUG_BATCH):
-            apply(x[i : i + AUG_BATCH], draws.take(torch.arange(i, min(i + AUG_BATCH, m))), aug)
-        return Outcome(time.perf_counter() - started, torch.empty(0))
-
-    def torchvision(m: int = n) -> Outcome:
-        started = time.perf_counter()
-        for i in range(0, m, AUG_BATCH):
-            torch.stack([tv(img) for img in x[i : min(i + AUG_BATCH, m)]])
-        return Outcome(time.perf_counter() - started, torch.empty(0))
-
-    ours(1280), torchvision(1280)
-    sec = interleave({"ours": ours, "torchvision": torchvision}, s.aug_rounds)
-    per_image = {k: median_range([1e6 * t / n for t in v]) for k, v in sec.items()}
-    epoch_train = EPOCH_IMAGES / train_rate
-    return {
-        "images_timed": n,
-        "batch_size": AUG_BATCH,
-        "us_per_image": per_image,
-        "seconds_per_epoch": {k: v[0] * EPOCH_IMAGES / 1e6 for k, v in per_image.items()},
-        "torchvision_over_ours": median_range(per_round_ratios(sec["torchvision"], sec["ours"])),
-        "preresnet20_epoch_seconds_1x1": epoch_train,
-        "fraction_of_epoch": per_image["ours"][0] * EPOCH_IMAGES / 1e6 / epoch_train,
-        "seconds_per_round": sec,
-    }
-
-
 def summary(results: dict[str, Any]) -> None:
     m = results["machine"]
     load = m["load_average_start"][0], m["load_average_end"][0]
-    busy = max(load) >= (m["cpu_count"] or 1)
+    note = "\n  note: load >= CPUs, other work competes: 2-thread runs suffer most"
     print(
         f"\nscaling ({results['mode']}): torch {m['torch']}, {m['cpu_count']} CPUs, load "
-        f"{load[0]} -> {load[1]}, {results['wall_seconds']} s"
-        + ("\n  note: load >= CPUs, other work competes: 2-thread runs suffer most" if busy else "")
+        f"{load[0]} -> {load[1]}, {results['wall_seconds']} s" + (note if busy(m) else "")
     )
     for name, r in results["models"].items():
         print(
@@ -353,19 +318,7 @@ def summary(results: dict[str, Any]) -> None:
             print(f"  {procs} x {threads:<16} {med:>11.0f} {spread:>18} {fin:>9.0f}")
         for key, (med, lo, hi) in r["ratios"].items():
             print(f"  {key.replace('_', ' '):<34} {med:>5.2f} {fmt_range(lo, hi, '{:.2f}')}")
-    a = results["augmentation"]
-    (ours, tv), ratio = a["us_per_image"].values(), a["torchvision_over_ours"]
-    print(
-        f"\naugmentation, crop 4 + flip, 1 thread, {a['images_timed']} images timed in batches "
-        f"of {a['batch_size']}, median [range] of {len(a['seconds_per_round']['ours'])} rounds\n"
-        f"  ours: {ours[0]:.2f} us/image {fmt_range(ours[1], ours[2], '{:.2f}')}, "
-        f"{a['seconds_per_epoch']['ours']:.2f} s per 50,000-image epoch = "
-        f"{a['fraction_of_epoch']:.2%} of a PreResNet-20 epoch on 1 process x 1 thread "
-        f"({a['preresnet20_epoch_seconds_1x1']:.0f} s)\n"
-        f"  torchvision per image: {tv[0]:.1f} us/image, "
-        f"{a['seconds_per_epoch']['torchvision']:.1f} s per epoch: {ratio[0]:.1f}x ours "
-        f"{fmt_range(ratio[1], ratio[2], '{:.1f}')}"
-    )
+    augmentation.show(results["augmentation"])
 
 
 def main() -> None:
@@ -387,10 +340,9 @@ def main() -> None:
     results: dict[str, Any] = {"mode": "quick" if args.quick else "full", "machine": machine}
     results["models"] = scaled
     rate = scaled["preresnet20"]["train_images_per_s"]["1x1"][0]
-    results["augmentation"] = augmentation(s, rate)
-    machine["load_average_end"] = [round(v, 2) for v in os.getloadavg()]
-    results["wall_seconds"] = round(time.perf_counter() - started, 1)
-    write_text(args.out, json.dumps(results, indent=2) + "\n")
+    results["augmentation"] = augmentation.augmentation(s.aug_images, s.aug_rounds, rate)
+    finish(results, started)
+    write_results(args.out, results)
     summary(results)
     print(f"\nwritten to {args.out}")
 

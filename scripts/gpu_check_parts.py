@@ -18,7 +18,8 @@ import yaml
 from torch import nn
 
 from bayesavg.config import parse_params
-from bayesavg.data import NORMALISATION, Prepared, Split, prepare
+from bayesavg.data import NORMALISATION, Prepared, prepare
+from bayesavg.datasets import Split
 from bayesavg.evaluate import evaluate
 from bayesavg.models import for_inference
 from bayesavg.trajectories import compute_for, finetune, initial_network, pretrain_members

@@ -5,7 +5,7 @@ All three train the same architecture from the same kind of data (CIFAR-shaped r
 uint8 images, 10 classes), SGD lr 0.05, momentum 0.9, weight decay 3e-4, random crop
 (padding 4) + horizontal flip, one SWAG snapshot at the end of each epoch (not in the
 bare loop). Each variant runs one warm-up epoch; then every round runs one epoch of each,
-the order rotated by one each round (as ``benchmarks/run.py`` does); images/s is the
+the order rotated by one each round (as ``benchmarks/timing.py`` does); images/s is the
 median over rounds, ratios are taken per round and their median reported.
 """
 
@@ -28,8 +28,9 @@ from torch import nn
 from bayesavg.config import Trajectory
 from bayesavg.models import build_model
 from bayesavg.training.augment import Augment, apply, draw_epoch
+from bayesavg.training.batches import TrainData, batches_per_epoch
 from bayesavg.training.precision import Precision
-from bayesavg.training.train import Compute, StepContext, TrainData, batches_per_epoch, train
+from bayesavg.training.train import Compute, StepContext, train
 from bayesavg.trajectories import gradient
 
 MODELS = {"preresnet20": ("preresnet", {"depth": 20}), "wideresnet28x10": ("wideresnet28x10", {})}

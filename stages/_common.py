@@ -1,9 +1,10 @@
 """What every stage shares: project root, params, the MLflow run, checkpoints.
 
-This is the only place that knows about DVC (its env vars and workspaces);
-the library under src/ does not. ``_bootstrap``, imported first, has
-already started the MLflow tracking worker; stages import torch-heavy
-modules inside ``run()`` so that they load while the worker starts.
+This and ``_execution`` (which DVC process runs the stage) are the only places
+that know about DVC (its env vars, processes and workspaces); the library under
+src/ does not. ``_bootstrap``, imported first, has already started the MLflow
+tracking worker; stages import torch-heavy modules inside ``run()`` so that they
+load while the worker starts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
+from _execution import execution
 
 from bayesavg.config import Params, load_params
 from bayesavg.runtime import launch, numerics
@@ -320,45 +322,6 @@ def _finish_tracking() -> None:
         path, record = _Ledger.last
         record["seconds"]["finish"] = time.perf_counter() - waited
         write_json(path, record)
-
-
-def _dvc_args(cmdline: list[str]) -> list[str] | None:
-    """The arguments of ``dvc ...``, ``python .../bin/dvc ...`` or ``python -m dvc ...``;
-    None for any other command."""
-    for i, part in enumerate(cmdline[:2]):
-        if Path(part).name == "dvc":
-            return cmdline[i + 1 :]
-    return cmdline[3:] if cmdline[1:3] == ["-m", "dvc"] else None
-
-
-def execution() -> dict[str, str] | None:
-    """The pipeline execution this stage runs in: its nearest ``dvc`` ancestor process
-    (``dvc repro``, ``dvc exp run``, a queue worker's ``dvc exp exec-run``), which all
-    stages of one execution share and no other execution does. Its key is that
-    process's host, pid, start time and DVC experiment name; its name is the DVC
-    experiment's, else ``dvc repro <start>``. None when no DVC process started us."""
-    import socket
-
-    import psutil
-
-    for proc in psutil.Process().parents():
-        try:
-            args = _dvc_args(proc.cmdline())
-            if args is None:
-                continue
-            started = proc.create_time()
-        except psutil.Error:
-            continue
-        exp = os.environ.get("DVC_EXP_NAME", "")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-        return {
-            "key": f"{socket.gethostname()}:{proc.pid}:{int(started * 1000)}:{exp}",
-            "name": exp or f"dvc repro {when}",
-            "dvc_exp_name": exp,
-            # The UI's Source column: what ran the pipeline (dvc repro, dvc exp exec-run).
-            "mlflow.source.name": " ".join(["dvc", *args[:2]]),
-        }
-    return None
 
 
 def reused_runs(stage: str) -> dict[str, str]:

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     import torch
 
     from bayesavg.config import Params
-    from bayesavg.data import Prepared, Split
+    from bayesavg.data import Prepared
+    from bayesavg.datasets import Split
     from bayesavg.evaluate import Evaluation
     from bayesavg.posteriors.file import PosteriorFile
     from bayesavg.shift import Shift

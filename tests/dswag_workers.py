@@ -20,7 +20,7 @@ import torch.distributed as dist
 from bayesavg.config import DSWAGTrajectory
 from bayesavg.dswag import run_dswag
 from bayesavg.models import build_model
-from bayesavg.training.train import Tensors
+from bayesavg.training.batches import Tensors
 
 CLASSES = 3
 RANK_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective fails rather than hangs

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from bayesavg.config import Params
-from bayesavg.data import Prepared, Split, load_prepared, to_input
+from bayesavg.data import Prepared, load_prepared, to_input
+from bayesavg.datasets import Split
 from bayesavg.evaluate import evaluate
 from bayesavg.trajectories import finetune, pretrain
 

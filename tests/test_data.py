@@ -17,16 +17,14 @@ import torch
 from PIL import Image
 
 from bayesavg.data import (
-    Split,
     channel_stats,
     load_eval_split,
-    load_imagefolder,
     load_prepared,
-    load_source,
     prepare,
     stratified_split,
     to_input,
 )
+from bayesavg.datasets import Split, load_imagefolder, load_source
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file
 

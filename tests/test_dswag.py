@@ -33,8 +33,9 @@ from bayesavg.posteriors.file import load_theta
 from bayesavg.runtime import numerics
 from bayesavg.runtime.errors import UserError
 from bayesavg.seeding import generator, seed_everything
+from bayesavg.training.batches import Tensors
 from bayesavg.training.optim import SGD
-from bayesavg.training.train import Tensors, train
+from bayesavg.training.train import train
 
 SPAWN_DEADLINE = 120.0  # seconds for a whole spawned run; a hang fails, never blocks
 JOB_DEADLINE = 60.0  # seconds for one torchrun job of the launcher tests
@@ -459,7 +460,7 @@ def test_a_client_with_a_last_batch_of_one_example_is_no_crash(
 ) -> None:
     """BatchNorm cannot train on one example. With W shards of sizes set by the split
     (Dirichlet above all), some shard of k * batch_size + 1 examples is likely: that
-    client trains the lone example with the batch before (``train.batches_per_epoch``)."""
+    client trains the lone example with the batch before (``batches.batches_per_epoch``)."""
     spec = problem_spec(
         {
             "clients": 3,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bayesavg.data import Split
+from bayesavg.datasets import Split
 from bayesavg.extra_sets import ood_images, shift_subset, shifted
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_npz

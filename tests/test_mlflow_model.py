@@ -24,7 +24,8 @@ from bayesavg.evaluate import evaluate
 from bayesavg.posteriors.file import load_posterior
 from bayesavg.predict import MODEL_CODE
 from bayesavg.runtime.io import sha256_file
-from bayesavg.tracking.mlflow_run import open_run, register_best
+from bayesavg.tracking.mlflow_run import register_best
+from bayesavg.tracking.store import open_run
 
 if TYPE_CHECKING:
     from conftest import PreparedDir, TinyPosteriors

@@ -30,9 +30,9 @@ from bayesavg.report.inputs import (
 from bayesavg.report.sections import landscape, sharpness, shift
 from bayesavg.report.sections import ood as ood_section
 from bayesavg.report.sections.landscape import figures as landscape_figures
-from bayesavg.report.sections.landscape import numbers as landscape_numbers
+from bayesavg.report.sections.landscape import measures as landscape_measures
 from bayesavg.report.sections.shift import figures as shift_figures
-from bayesavg.report.sections.shift import numbers as shift_numbers
+from bayesavg.report.sections.shift import measures as shift_measures
 from bayesavg.report.uncertainty import compute
 
 ANGLES = list(range(0, 181, 15))
@@ -101,7 +101,7 @@ def _metrics(i: int, predictions: Predictions, auroc: float) -> dict[str, object
         shift[name] = {"accuracy": acc, "nll": nll, "ece": 0.01 * i + nll / 10, "brier": nll / 2}
         shift[name]["entropy"] = nll / 3
     for j, name in enumerate(CORRUPTIONS):
-        shift[name] = {k: 0.1 * (j + 1) + 0.01 * i for k in shift_numbers.SHIFT_METRICS}
+        shift[name] = {k: 0.1 * (j + 1) + 0.01 * i for k in shift_measures.SHIFT_METRICS}
     scores = {"auroc": auroc, "aupr_in": auroc - 0.05, "aupr_out": auroc - 0.02, "fpr95": 1 - auroc}
     ood = {"animal_mnist": {s: dict(scores) for s, _ in ood_section.OOD_SCORES}}
     return {
@@ -291,7 +291,7 @@ def test_line_claim_finds_the_planted_minimum(t_min: float, holds: bool | None) 
     """A minimum at the grid's last t (2; or beyond it) is no centre: undecided."""
     line = _quadratic_line(t_min)
     found = min(t_min, 2.0)
-    assert landscape_numbers.line_minimum(line).t_min == pytest.approx(found)
+    assert landscape_measures.line_minimum(line).t_min == pytest.approx(found)
     claim = _claim(analysis_claims(_inputs(landscape=_landscape(t_min=t_min))), "edge of the basin")
     assert claim.holds is holds
     assert f"t = {found:g}" in claim.evidence
@@ -311,11 +311,11 @@ def test_widths_claim_compares_the_planted_widths() -> None:
 
 def test_widths_beyond_the_grid_count_as_its_end() -> None:
     ray = _ray("swag", [2.0, None])
-    assert landscape_numbers.ray_widths(ray) == [2.0, 10.0]
+    assert landscape_measures.ray_widths(ray) == [2.0, 10.0]
 
 
 def test_mixed_directions_leave_the_width_claim_undecided() -> None:
-    c = landscape_numbers.compare_widths(
+    c = landscape_measures.compare_widths(
         _ray("sgd", [1.0, 1.0, 5.0]), _ray("swag", [3.0, 0.5, 4.0])
     )
     assert c is not None and c.mean_wide > c.mean_narrow
@@ -336,7 +336,7 @@ def test_sigma_claim_is_undecided_when_the_grid_stops_short() -> None:
     rows = [r for r in _sigma_rows(100.0) if r["multiple"] <= 20]
     curve = sigma_curves.sigma_curve_of(rows)
     assert sigma_curves.flat_range(curve) == 20.0
-    assert landscape_numbers.flat_verdict(curve, 20.0) is None
+    assert landscape_measures.flat_verdict(curve, 20.0) is None
 
 
 def test_missing_landscape_gives_no_crash_and_undecided_claims() -> None:
@@ -420,18 +420,18 @@ def test_flat_calibration_claim_follows_the_planted_sign(
 
 def test_a_tiny_shift_gap_is_within_noise(inputs: ReportInputs) -> None:
     tiny = _inputs(predictors=_predictors(boost=0.0, tiny=1e-3))
-    gaps = shift_numbers.shift_gaps(tiny, tiny.predictors[0])
+    gaps = shift_measures.shift_gaps(tiny, tiny.predictors[0])
     assert [g.predictor for g in gaps] == ["swag", "fswag", "ensemble"]
     for g in gaps:
         assert all(iv is not None and iv.verdict() == "within noise" for iv in g.intervals)
         assert g.growth is not None and g.growth.low < 0 < g.growth.high
-        assert shift_numbers.growth_verdict(g) is None
+        assert shift_measures.growth_verdict(g) is None
     claim = _claim(analysis_claims(tiny), "helps most under shift")
     assert claim.holds is None
 
 
 def test_a_growing_shift_gap_holds(inputs: ReportInputs) -> None:
-    gaps = shift_numbers.shift_gaps(inputs, inputs.predictors[0])
+    gaps = shift_measures.shift_gaps(inputs, inputs.predictors[0])
     for g in gaps:
         assert g.gap[-1] > g.gap[0]
         assert g.growth is not None and g.growth.low > 0
@@ -443,9 +443,9 @@ def test_a_growing_shift_gap_holds(inputs: ReportInputs) -> None:
 
 def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drawn, claimed and tabled from one computation, with the numbers of a fresh one."""
-    fresh, original, calls = _inputs(), shift_numbers.shift_gaps, []
+    fresh, original, calls = _inputs(), shift_measures.shift_gaps, []
 
-    def counted(inputs: ReportInputs, base: PredictorResult) -> list[shift_numbers.ShiftGap]:
+    def counted(inputs: ReportInputs, base: PredictorResult) -> list[shift_measures.ShiftGap]:
         calls.append(inputs)
         return original(inputs, base)
 
@@ -455,7 +455,7 @@ def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyP
     blocks = analysis_blocks(fresh)
     assert calls == [fresh]
     gaps = original(fresh, fresh.predictors[0])
-    assert claim.holds is True and f"{shift_numbers.large_gap(gaps[0]):+.4f}" in str(blocks)
+    assert claim.holds is True and f"{shift_measures.large_gap(gaps[0]):+.4f}" in str(blocks)
     tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
     assert any("Growth [95%]" in t.header for t in tables)
 
@@ -467,7 +467,7 @@ def test_shift_claim_without_predictions_has_no_interval(inputs: ReportInputs) -
 
 
 def test_corruption_summary_means_and_worst(inputs: ReportInputs) -> None:
-    s = shift_numbers.corruption_summary(inputs.predictors[1])
+    s = shift_measures.corruption_summary(inputs.predictors[1])
     assert s is not None and s["worst"] == "brightness"
     assert s["means"]["nll"] == pytest.approx(0.2 + 0.01)
 

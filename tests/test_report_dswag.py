@@ -36,8 +36,8 @@ from bayesavg.report.sections.distributed.figures import (
     dswag_sigma_figure,
     dswag_workers_figure,
 )
-from bayesavg.report.sections.distributed.numbers import dswag_roles
-from bayesavg.report.sections.distributed.numbers import point_curve as sigma_curve
+from bayesavg.report.sections.distributed.measures import dswag_roles
+from bayesavg.report.sections.distributed.measures import point_curve as sigma_curve
 from bayesavg.report.sections.training import run_offset
 from bayesavg.report.sigma_curves import flat_range
 from bayesavg.report.stats import accuracy_interval

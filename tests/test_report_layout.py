@@ -75,7 +75,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def _section_of(name: str) -> str | None:
-    """The top-level section a module belongs to (``shift`` for ``sections.shift.numbers``)."""
+    """The top-level section a module belongs to (``shift`` for ``sections.shift.measures``)."""
     if not name.startswith(SECTIONS + "."):
         return None
     return name[len(SECTIONS) + 1 :].split(".")[0]

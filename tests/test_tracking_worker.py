@@ -120,8 +120,8 @@ def test_experiments_open_as_model_training_and_runs_name_their_source(
 ) -> None:
     """The kind tag on a new experiment and on one made before it existed; MLflow's own
     source tags fill the UI's Source, User and Version columns (run.info.user_id too)."""
-    from bayesavg.tracking.mlflow_run import EXPERIMENT_KIND, open_run
     from bayesavg.tracking.source import source_tags
+    from bayesavg.tracking.store import EXPERIMENT_KIND, open_run
 
     client = MlflowClient(tracking_uri=store[0])
     old = client.create_experiment("old", artifact_location=store[1])

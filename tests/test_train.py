@@ -15,7 +15,8 @@ from bayesavg.config import parse_params
 from bayesavg.posteriors.file import save_posterior
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file
-from bayesavg.training.train import Tensors, lr_at, sgd, train
+from bayesavg.training.batches import Tensors
+from bayesavg.training.train import lr_at, sgd, train
 from bayesavg.trajectories import finetune, pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -228,7 +229,7 @@ def test_every_collected_iterate_follows_a_step_at_lr_end(
 def test_a_lone_last_example_joins_the_batch_before_under_batchnorm() -> None:
     """BatchNorm cannot train on one example: with n = k * batch_size + 1 a BatchNorm network
     trains k batches, the last of batch_size + 1; without BatchNorm nothing changes."""
-    from bayesavg.training.train import batches_per_epoch
+    from bayesavg.training.batches import batches_per_epoch
 
     assert batches_per_epoch(91, 30) == 4
     assert batches_per_epoch(91, 30, batch_norm=True) == 3

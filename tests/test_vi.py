@@ -126,8 +126,9 @@ BLR_NOISE, BLR_PRIOR = 0.5, 1.0
 def _fit_blr(x: torch.Tensor, y: torch.Tensor, optimizer: str) -> MeanFieldVI:
     """SVI as a vi trajectory runs it (MeanFieldVI, svi_step, the loop's optimizer and
     cosine schedule), with a Gaussian likelihood, from sigma_0 = 0.003."""
+    from bayesavg.training.batches import Tensors
     from bayesavg.training.optim import build
-    from bayesavg.training.train import Tensors, lr_at, train
+    from bayesavg.training.train import lr_at, train
 
     def gaussian_nll(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return 0.5 * ((out.squeeze(1) - target) / BLR_NOISE).pow(2).mean()

@@ -47,11 +47,12 @@ from .federated import dirichlet_split, fedavg_weights, iid_split, phase2_rate, 
 from .posteriors import SWAG
 from .posteriors.file import PosteriorFile
 from .seeding import derive_seed, generator, seed_everything
+from .training.batches import Tensors, batches_per_epoch
 from .training.batchnorm import bn_modules
 from .training.distributed import World, broadcast, in_client_order, join, leave
 from .training.flat import params_vector
 from .training.optim import SGD
-from .training.train import Tensors, batches_per_epoch, lr_at, train
+from .training.train import lr_at, train
 from .trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .data import Split
+from .datasets import Split
 from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
 from .models import dropout_modules, for_inference, has_batchnorm

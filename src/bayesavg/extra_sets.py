@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .data import Split, load_eval_split
+from .data import load_eval_split
+from .datasets import Split
 from .ood_data import OOD_SETS, load_ood
 from .runtime.errors import UserError
 from .seeding import derive_seed

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import Split
+from .datasets import Split
 from .runtime.errors import UserError
 from .runtime.io import sha256_file
 

@@ -1,4 +1,5 @@
-"""MLflow tracking: the only module that imports mlflow.
+"""A started MLflow run and what a stage logs into it; ``store`` opens runs. These two are
+the only modules that import mlflow.
 
 One run per stage execution. Metrics go through ``log_batch`` (one call per
 metric costs milliseconds each); the client API is used instead of the
@@ -8,14 +9,11 @@ fluent one so no global "active run" leaks between stages or tests.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 OUTPUT_TAG = "bayesavg.output."
 # A pipeline execution's parent run: found by this tag's value (the execution's key);
@@ -144,7 +142,7 @@ class Run:
 
     def mark_outputs(self, digests: Mapping[str, str]) -> None:
         """Tag the run with the sha256 of each output it wrote (``OUTPUT_TAG`` + path),
-        so a later run that reads those bytes can find this one (``_upstream``)."""
+        so a later run that reads those bytes can find this one (``store._upstream``)."""
         self.set_tags({f"{OUTPUT_TAG}{path}": digest for path, digest in digests.items()})
 
     def terminate(self, status: str = "FINISHED") -> None:
@@ -292,7 +290,7 @@ def register_best(tracking_uri: str, name: str, candidates: Mapping[str, Mapping
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    client = _client(tracking_uri)
+    client = store_client(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)  # the registry resolves models:/ with the global one
     models = {}
     for pred, info in candidates.items():
@@ -326,29 +324,10 @@ def register_best(tracking_uri: str, name: str, candidates: Mapping[str, Mapping
     return str(version)
 
 
-def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dict[str, str]:
-    """``upstream.<run name>`` -> run id of the newest run that wrote each input's bytes.
-
-    ``inputs`` maps a path to its sha256. The link is by content, so it names
-    the run that made the very file read, whichever workspace it ran in.
-    """
-    links = {}
-    for path, digest in inputs.items():
-        found = client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.`{OUTPUT_TAG}{path}` = '{digest}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        if found:
-            links[f"upstream.{found[0].info.run_name}"] = found[0].info.run_id
-    return links
-
-
 _CLIENTS: dict[str, Any] = {}
 
 
-def _client(tracking_uri: str) -> Any:
+def store_client(tracking_uri: str) -> Any:
     """One client per store and process: creating it opens the store (about 0.7 s)."""
     if tracking_uri not in _CLIENTS:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -356,129 +335,3 @@ def _client(tracking_uri: str) -> Any:
 
         _CLIENTS[tracking_uri] = MlflowClient(tracking_uri=tracking_uri)
     return _CLIENTS[tracking_uri]
-
-
-def warm_store(tracking_uri: str) -> None:
-    """Import mlflow and open the store now, before any run is asked for."""
-    _client(tracking_uri)
-
-
-# MLflow 3 shows an experiment as GenAI (traces) or model training by this tag; its UI
-# 3.x also keeps a per-browser choice, which `make ui`'s URL sets (?workflowType=...).
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-
-
-def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
-    """The experiment's id, created if missing; marked as a model-training experiment."""
-    exp = client.get_experiment_by_name(name)
-    if exp is None:
-        try:
-            return client.create_experiment(
-                name, artifact_location=artifact_location, tags=EXPERIMENT_KIND
-            )
-        except Exception:
-            # Another stage (dvc exp run --queue with jobs) created it meanwhile.
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-    for key, value in EXPERIMENT_KIND.items():
-        if exp.tags.get(key) != value:
-            client.set_experiment_tag(exp.experiment_id, key, value)
-    return exp.experiment_id
-
-
-def open_run(
-    run_name: str,
-    *,
-    tracking_uri: str,
-    artifact_location: str,
-    experiment: str = "bayesavg",
-    tags: Mapping[str, str] | None = None,
-    inputs: Mapping[str, str] | None = None,
-    resume: str | None = None,
-    start_time: int | None = None,
-    parent: Mapping[str, str] | None = None,
-) -> Run:
-    """Create a run (RUNNING), or reopen the run ``resume`` if it still exists.
-
-    ``parent``: the pipeline execution this run belongs to, ``key`` (unique to the
-    execution) and ``name``; the run becomes a child of the execution's parent run,
-    created by the first stage that asks for it. A reopened run moves to the
-    execution that resumed it.
-
-    ``inputs`` (path -> sha256 of files the run reads) adds an
-    ``upstream.<stage>`` tag per run that wrote them. Tags are set when the
-    run is created: MLflow accepts a DVC stage name (``finetune@swag``) in a
-    tag key there, not in ``log_batch``. A reopened run (a stage resumed
-    from its checkpoint logs into the run it started) has its tags already.
-    ``start_time``: the run's start in ms since the epoch (default: now).
-    """
-    client = _client(tracking_uri)
-    exp_id = _experiment_id(client, experiment, artifact_location)
-    parent_id = _parent_run(client, exp_id, parent, tags or {}) if parent else None
-    run = _resumed(client, resume, exp_id, tracking_uri) if resume else None
-    if run is not None:
-        client.update_run(run.run_id, status="RUNNING")
-        if parent_id is not None:
-            client.set_tag(run.run_id, PARENT_TAG, parent_id)
-        log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
-        return run
-    tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
-    if parent_id is not None:
-        tags[PARENT_TAG] = parent_id
-    mlflow_run = client.create_run(exp_id, start_time=start_time, run_name=run_name, tags=tags)
-    run = Run(client, mlflow_run.info.run_id, tracking_uri)
-    log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
-    return run
-
-
-_SOURCE_TAGS = (
-    "mlflow.source.name",
-    "mlflow.source.type",
-    "mlflow.user",
-    "mlflow.source.git.commit",
-)
-
-
-def _parent_run(
-    client: Any, experiment_id: str, parent: Mapping[str, str], tags: Mapping[str, str]
-) -> str:
-    """The id of the execution's parent run, created (named ``parent["name"]``, with the
-    child's source tags) if no run has its key yet."""
-    key = parent["key"].replace("'", "")
-    found = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{EXECUTION_TAG}` = '{key}'", max_results=1
-    )
-    if found:
-        return found[0].info.run_id
-    own = {k: tags[k] for k in _SOURCE_TAGS if k in tags}
-    extra = {k: v for k, v in parent.items() if k not in ("key", "name")}
-    run = client.create_run(
-        experiment_id, run_name=parent["name"], tags={EXECUTION_TAG: key, **own, **extra}
-    )
-    return run.info.run_id
-
-
-@contextlib.contextmanager
-def start_run(run_name: str, **kwargs: Any) -> Iterator[Run]:
-    """``open_run``, yield the run, mark it FINISHED (or FAILED on an exception)."""
-    run = open_run(run_name, **kwargs)
-    try:
-        yield run
-    except BaseException:
-        run.terminate("FAILED")
-        raise
-    run.terminate("FINISHED")
-
-
-def _resumed(client: Any, run_id: str, experiment_id: str, tracking_uri: str) -> Run | None:
-    """The run ``run_id`` if it exists in this experiment and is not deleted."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        info = client.get_run(run_id).info
-    except MlflowException:
-        return None
-    if info.experiment_id != experiment_id or info.lifecycle_stage != "active":
-        return None
-    return Run(client, run_id, tracking_uri)

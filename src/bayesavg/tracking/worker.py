@@ -216,7 +216,7 @@ def serve(tracking_uri: str, artifact_location: str, stdin: IO[str], stdout: IO[
     # first full collection after it (~0.2 s each time), only delays the stage.
     # Freezing moves them out of the collector's sight.
     gc.disable()
-    from .mlflow_run import open_run, warm_store
+    from .store import open_run, warm_store
 
     warm_store(tracking_uri)
     gc.freeze()

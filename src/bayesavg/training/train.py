@@ -2,17 +2,18 @@
 
 A *step* computes the gradients of whatever the optimizer holds and returns
 the detached loss and logits: plain SGD here; SAM and SVI steps reuse the
-same loop. Everything that makes a run fast at scale lives here, once, for
-every trajectory kind (``Compute``): the training split stays on the device
-as uint8 and is augmented per batch (``augment``), forward and loss run
-under autocast (``precision``), conv nets train channels-last, and under
-torchrun each rank takes a deterministic share of every global batch and
-gradients are averaged across ranks before the optimizer steps (``StepContext``).
-Metrics are accumulated on the device and read once per epoch, so there is
-no host sync per iteration. Learning rates are plain functions of the
-iteration: the cyclic SWA schedule (linear within each cycle) and the SWAG
-paper's CIFAR schedule are not in ``torch.optim.swa_utils``, whose SWALR is
-epoch-based and anneals differently.
+same loop. Everything that makes a run fast at scale lives here and in
+``batches``, once, for every trajectory kind (``Compute``): the training
+split stays on the device as uint8 and is augmented per batch (``augment``),
+forward and loss run under autocast (``precision``), conv nets train
+channels-last, and under torchrun each rank takes a deterministic share of
+every global batch (``batches.shard``) and gradients are averaged across
+ranks before the optimizer steps (``StepContext``). Metrics are accumulated
+on the device and read once per epoch, so there is no host sync per
+iteration. Learning rates are plain functions of the iteration: the cyclic
+SWA schedule (linear within each cycle) and the SWAG paper's CIFAR schedule
+are not in ``torch.optim.swa_utils``, whose SWALR is epoch-based and anneals
+differently.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,71 +32,14 @@ from tqdm.auto import tqdm
 
 from ..runtime.errors import UserError
 from ..seeding import derive_seed
-from .augment import Augment, EpochDraws, apply, draw_epoch
+from .augment import Augment, draw_epoch
+from .batches import Tensors, TrainData, batches_per_epoch, check_shards, shard
 from .batchnorm import bn_modules
 from .distributed import World
 from .optim import SGD, Optimizer
 from .precision import Precision
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Tensors:
-    """Model-ready inputs (float, normalised) and labels, already on the device."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    def batch(
-        self, idx: torch.Tensor, draws: EpochDraws | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[idx], self.y[idx]
-
-
-@dataclass(frozen=True)
-class TrainData:
-    """The training split on the device as uint8, normalised (and augmented) per batch.
-
-    Normalising a batch applies the same elementwise operations as
-    ``data.to_input`` does to the whole split, so without augmentation a
-    batch is bitwise the pre-normalised one, at a quarter of the memory.
-    """
-
-    x: torch.Tensor
-    y: torch.Tensor
-    mean: Sequence[float]
-    std: Sequence[float]
-    augment: Augment = field(default_factory=Augment)
-    channels_last: bool = False
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(dtype=torch.float32).div_(255)
-        m = torch.tensor(self.mean, dtype=torch.float32, device=xf.device).view(1, -1, 1, 1)
-        s = torch.tensor(self.std, dtype=torch.float32, device=xf.device).view(1, -1, 1, 1)
-        xf = xf.sub_(m).div_(s)
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        return xf.contiguous(memory_format=layout)
-
-    def batch(
-        self, idx: torch.Tensor, draws: EpochDraws | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.x[idx]
-        if draws is not None:
-            x = apply(x, draws.take(idx), self.augment)
-        return self._normalise(x), self.y[idx]
-
-    def inputs(self, batch_size: int = 4096) -> torch.Tensor:
-        """The whole split normalised, not augmented (BatchNorm recomputation, monitoring)."""
-        return torch.cat(
-            [self._normalise(self.x[i : i + batch_size]) for i in range(0, len(self), batch_size)]
-        )
 
 
 @dataclass(frozen=True)
@@ -310,36 +254,6 @@ def loss_and_accuracy(
     return loss / len(data), correct.double() / len(data)
 
 
-def batches_per_epoch(n: int, batch_size: int, batch_norm: bool = False) -> int:
-    """Minibatches in an epoch of ``n`` examples: ceil(n / batch_size), except that a
-    BatchNorm network takes a last batch of one example together with the batch before
-    (BatchNorm cannot normalise a single example in training; among DSWAG's clients a
-    shard of k * batch_size + 1 examples is common)."""
-    count = math.ceil(n / batch_size)
-    return count - 1 if batch_norm and count > 1 and n % batch_size == 1 else count
-
-
-def shard(idx: torch.Tensor, world: World | None) -> torch.Tensor:
-    """This rank's share of a global batch: the r-th of N near-equal contiguous pieces."""
-    if world is None or world.size == 1:
-        return idx
-    return torch.tensor_split(idx, world.size)[world.rank]
-
-
-def _check_shards(n: int, batch_size: int, iters: int, size: int, batch_norm: bool) -> None:
-    """Every rank must get at least one example of every batch (two with BatchNorm)."""
-    if size == 1:
-        return
-    smallest = min(batch_size, n - (iters - 1) * batch_size)
-    need = size * (2 if batch_norm else 1)
-    if smallest < need:
-        raise UserError(
-            f"a batch of {smallest} examples cannot be shared by {size} processes "
-            f"({'two' if batch_norm else 'one'} each at least); change batch_size or "
-            "BAYESAVG_NPROC"
-        )
-
-
 def train(
     model: nn.Module,
     optimizer: Optimizer,
@@ -388,7 +302,7 @@ def train(
     if batch_norm and n == 1:
         raise UserError(f"{desc}: one training example cannot train a BatchNorm network")
     iters_per_epoch = batches_per_epoch(n, batch_size, batch_norm)
-    _check_shards(n, batch_size, iters_per_epoch, 1 if world is None else world.size, batch_norm)
+    check_shards(n, batch_size, iters_per_epoch, 1 if world is None else world.size, batch_norm)
     augment = isinstance(train_data, TrainData) and train_data.augment.active
     device = train_data.y.device
     progress = progress if progress is not None else Progress()

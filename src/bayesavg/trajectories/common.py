@@ -9,14 +9,16 @@ import torch
 from torch import nn
 
 from ..config import Params
-from ..data import Prepared, Split, to_input
+from ..data import Prepared, to_input
+from ..datasets import Split
 from ..models import build_model
 from ..posteriors.file import PosteriorFile, load_theta
 from ..seeding import derive_seed
 from ..training.augment import Augment
+from ..training.batches import Tensors, TrainData
 from ..training.distributed import World
 from ..training.precision import precision_for
-from ..training.train import Compute, Tensors, TrainData
+from ..training.train import Compute
 
 
 @dataclass(frozen=True)

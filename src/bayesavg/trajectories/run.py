@@ -34,6 +34,7 @@ from ..models import has_batchnorm
 from ..posteriors.file import load_theta
 from ..runtime.checkpoint import Resumable
 from ..seeding import derive_seed, generator, rng_state, set_rng_state
+from ..training.batches import batches_per_epoch
 from ..training.batchnorm import bn_modules, update_bn
 from ..training.distributed import World
 from ..training.optim import Optimizer
@@ -42,7 +43,6 @@ from ..training.train import (
     Progress,
     Step,
     StepContext,
-    batches_per_epoch,
     loss_and_accuracy,
     lr_at,
     sgd_step,

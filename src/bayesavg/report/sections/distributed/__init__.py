@@ -11,7 +11,7 @@ from ...inputs import ReportInputs
 from ...uncertainty import Uncertainty, settings
 from . import figures
 from .claims import claims
-from .numbers import dswag_roles, rounds_table, sigma_table, sweep_table
+from .measures import dswag_roles, rounds_table, sigma_table, sweep_table
 
 SIGN_NOTE = (
     "Accuracy - confidence > 0 means under-confident (right more often than claimed), "

@@ -23,7 +23,7 @@ from ...inputs import PredictorResult, ReportInputs, SweepPoint
 from ...sigma_curves import FLAT_TOLERANCE, flat_range
 from ...stats import accuracy_interval
 from ...uncertainty import Comparison, Uncertainty, compute
-from .numbers import (
+from .measures import (
     COLLAPSE_DROP,
     NO_VARIANCE,
     SWEEP_PREDICTORS,

@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 from ... import style
 from ...inputs import PredictorResult, ReportInputs, SweepPoint
 from ...uncertainty import per_inputs
-from .numbers import SWEEP_PREDICTORS, dswag_roles, has_variance, point_curve
+from .measures import SWEEP_PREDICTORS, dswag_roles, has_variance, point_curve
 
 
 def _worker_colours(n: int) -> list[Any]:

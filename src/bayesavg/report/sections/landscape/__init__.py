@@ -25,7 +25,7 @@ from ...inputs import ReportInputs
 from ...sigma_curves import FLAT_TOLERANCE, flat_range, sigma_curve_of
 from ...uncertainty import Uncertainty
 from . import figures
-from .numbers import (
+from .measures import (
     PAPER_FLAT_MULTIPLE,
     compare_widths,
     edge_verdict,

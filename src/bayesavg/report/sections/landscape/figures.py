@@ -12,7 +12,7 @@ from matplotlib.patches import Patch
 from ... import style
 from ...inputs import ReportInputs
 from ...sigma_curves import sigma_curve_of
-from .numbers import line_series, ray_widths, total_loss
+from .measures import line_series, ray_widths, total_loss
 
 LINE_PANELS = (
     ("train_loss", "train loss (data term)"),

@@ -22,7 +22,7 @@ from ...formats import fmt_or_dash
 from ...inputs import ReportInputs
 from ...uncertainty import Uncertainty, per_inputs
 from .figures import shift_figure, shift_gap_figure
-from .numbers import (
+from .measures import (
     LARGE_ANGLE,
     Range,
     ShiftGap,

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from ... import style
 from ...inputs import PredictorResult, ReportInputs
-from .numbers import ShiftGap, angles, shift_value
+from .measures import ShiftGap, angles, shift_value
 
 # (shift metric, axis label, factor)
 SHIFT_PANELS = (

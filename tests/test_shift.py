@@ -7,7 +7,17 @@ import math
 import pytest
 import torch
 
-from bayesavg.shift import ANGLES, CORRUPTIONS, Shift, corrupt, rotate, shifts, translate
+from bayesavg.shift import (
+    ANGLES,
+    CORRUPTIONS,
+    Shift,
+    corrupt,
+    parse,
+    parse_many,
+    rotate,
+    shifts,
+    translate,
+)
 
 RANDOM = [name for name, c in CORRUPTIONS.items() if c.random]
 
@@ -279,7 +289,6 @@ if torch.cuda.is_available():  # defined where a GPU is, so nothing is skipped e
 
 
 def test_parse_is_the_inverse_of_name() -> None:
-    from bayesavg.shift import parse
 
     for shift in [*shifts(), *shifts((), severity=2)]:
         assert parse(shift.name) == shift
@@ -287,3 +296,19 @@ def test_parse_is_the_inverse_of_name() -> None:
     for bad in ("fog", "rotate_x", "stripe_9"):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+def test_groups_expand_to_the_pipelines_shifts_once_each() -> None:
+    """``rotations`` is the 13 angles 0..180 by 15, ``corruptions`` all seven at their default
+    level, as the pipeline's shift analysis names them; repeats count once, in order."""
+    rotations = parse_many(["rotations"])
+    assert [s.name for s in rotations] == [f"rotate_{a}" for a in range(0, 181, 15)]
+    corruptions = parse_many(["corruptions"])
+    assert [s.name for s in corruptions] == list(CORRUPTIONS)
+    assert len(corruptions) == 7
+    both = parse_many(["stripe", "rotate_30", "corruptions", "rotations", "rotate_30.0"])
+    names = [s.name for s in both]
+    assert names[:2] == ["stripe", "rotate_30"] and len(names) == len(set(names)) == 20
+    assert parse_many(["shot_noise_3"])[0] == parse("shot_noise_3")
+    with pytest.raises(ValueError, match="unknown shift 'rotation'"):
+        parse_many(["rotation"])

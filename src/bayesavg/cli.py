@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="also evaluate on the test split shifted: rotate_<degrees> or a corruption "
         "(shot_noise, impulse_noise, translate, shear, scale, brightness, stripe; _<level 1-5> "
-        "for another severity); repeatable; results under shift.<NAME>",
+        "for another severity), or 'rotations' (all 13 angles, 0 to 180 by 15) or "
+        "'corruptions' (all seven); repeatable; results under shift.<NAME>",
     )
     ev.add_argument(
         "--ood",
@@ -92,7 +93,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     from .posteriors.file import load_posterior
     from .runtime.io import write_csv, write_json
     from .seeding import resolve_device
-    from .shift import parse as shift_by_name
+    from .shift import parse_many as parse_shifts
 
     if args.predictor not in REGISTRY:
         raise UserError(
@@ -130,7 +131,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         bn_x = posterior.model_input(part.x, device)
     splits = {"test": (posterior.model_input(test.x, device), test.y)}
     try:
-        shifts = [shift_by_name(name) for name in dict.fromkeys(args.shift)]
+        shifts = parse_shifts(args.shift)
     except ValueError as err:
         raise UserError(f"--shift: {err}") from None
     for name, images in shifted(test.x, shifts, d["seed"]).items():
@@ -156,10 +157,9 @@ def _evaluate(args: argparse.Namespace) -> None:
     result = results["test"]
     out: dict[str, object] = {**result.metrics, "predictor": args.predictor, "data": args.data}
     keys = ("accuracy", "nll", "ece", "brier", "entropy")
-    if args.shift:
+    if shifts:
         out["shift"] = {
-            name: {k: results[f"shift.{name}"].metrics[k] for k in keys}
-            for name in dict.fromkeys(args.shift)
+            s.name: {k: results[f"shift.{s.name}"].metrics[k] for k in keys} for s in shifts
         }
     if ood:
         out["ood"] = result.ood

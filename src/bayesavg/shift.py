@@ -311,3 +311,21 @@ def parse(name: str) -> Shift:
         f"unknown shift {name!r}; rotate_<degrees> or one of {', '.join(CORRUPTIONS)} "
         "(optionally _<level 1-5>)"
     )
+
+
+def parse_many(names: Iterable[str]) -> list[Shift]:
+    """Shifts by name (``parse``) for ``bayesavg evaluate --shift``, with ``rotations`` (the
+    13 angles of ``ANGLES``) and ``corruptions`` (all of ``CORRUPTIONS`` at their default
+    level) expanded; a shift named twice, directly or through a group, counts once, in the
+    order first named."""
+    found: dict[str, Shift] = {}
+    for name in names:
+        if name == "rotations":
+            group = shifts(corruptions=())
+        elif name == "corruptions":
+            group = shifts(angles=())
+        else:
+            group = [parse(name)]
+        for shift in group:
+            found.setdefault(shift.name, shift)
+    return list(found.values())

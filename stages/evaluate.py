@@ -112,22 +112,50 @@ def predict(
     from bayesavg.training.precision import precision_for
 
     pred, e = p.evaluate.by_name[name], p.evaluate
-    return evaluate(
-        found.posterior,
-        pred.method,
-        found.splits,
-        n_samples=e.n_samples,
-        scale=pred.effective_scale(),
-        bn_x=found.bn_x if needs_bn_data(pred.method) else None,
-        batch_size=e.batch_size,
-        ece_bins=e.ece_bins,
-        seed=derive_seed(p.seed, "evaluate", name),
-        device=device,
-        name=name,
-        ood=found.ood,
-        world=world,
-        precision=precision_for(p.precision, device),
-    )
+
+    def run(
+        splits: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        ood: dict[str, torch.Tensor],
+        on: World | None,
+        temperature: float | None,
+    ) -> dict[str, Evaluation]:
+        return evaluate(
+            found.posterior,
+            pred.method,
+            splits,
+            n_samples=e.n_samples,
+            scale=pred.effective_scale(),
+            bn_x=found.bn_x if needs_bn_data(pred.method) else None,
+            batch_size=e.batch_size,
+            ece_bins=e.ece_bins,
+            seed=derive_seed(p.seed, "evaluate", name),
+            device=device,
+            name=name,
+            ood=ood,
+            world=on,
+            precision=precision_for(p.precision, device),
+            temperature=temperature,
+        )
+
+    if pred.temperature is not None and name not in TEMPERATURES:
+        # Every rank fits T itself on the validation split (one network, one forward
+        # pass), so all ranks temper with the same bytes without a broadcast.
+        val = run({"val": found.splits["val"]}, {}, None, None)["val"]
+        TEMPERATURES[name] = _fit(name, val.log_probs, found.splits["val"][1])
+    return run(found.splits, found.ood, world, TEMPERATURES.get(name))
+
+
+# Fitted temperatures by predictor: fitted once in ``predict``, logged by ``_predictor``.
+TEMPERATURES: dict[str, float] = {}
+
+
+def _fit(name: str, log_probs: torch.Tensor, y: torch.Tensor) -> float:
+    from bayesavg.calibration import fit_temperature
+
+    try:
+        return fit_temperature(log_probs, y)
+    except ValueError as err:
+        raise UserError(f"predictor {name}: temperature scaling on val: {err}") from None
 
 
 def run() -> None:
@@ -220,6 +248,7 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
                 n_samples=e.n_samples,
                 seed=derive_seed(p.seed, "evaluate", name),
                 batch_size=e.batch_size,
+                temperature=TEMPERATURES.get(name),
             ).as_mapping(),
             input_shape=list(posterior.input_shape),
             num_classes=posterior.num_classes,
@@ -241,6 +270,8 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
         spread = sigma_ratio(posterior, method_of(pred.method))
         if spread is not None:
             metrics["sigma_ratio"] = spread
+        if name in TEMPERATURES:
+            metrics["temperature"] = TEMPERATURES[name]
         write_json(files.metrics, metrics)
         write_csv(files.reliability, result.reliability.rows())
         write_csv(files.samples, result.by_samples)
@@ -264,6 +295,7 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
                 **sharp,
                 **_prefixed("val/", results["val"].metrics),
                 **_prefixed("sigma_ratio/", spread or {}),
+                **({"temperature": TEMPERATURES[name]} if name in TEMPERATURES else {}),
                 **{f"shift/{k}/{m}": v for k, row in shift.items() for m, v in row.items()},
                 **{
                     f"ood/{spec}/{score}/{m}": v

@@ -102,6 +102,12 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("evaluate.shift.angles", [0.0, 400.0], "evaluate.shift.angles.1: Input should be less"),
         ("evaluate.ood.sets", ["animal_mnist", "animal_mnist"], "each OOD set once"),
         ("report.bootstrap.resamples", 10, "report.bootstrap.resamples: Input should be"),
+        (
+            "evaluate.predictors.swag.swag.temperature",
+            "fit",
+            "evaluate.predictors.swag.swag: temperature scaling tempers one network's",
+        ),
+        ("evaluate.predictors.sgd.map_ts.temperature", 1.5, "map_ts.temperature: Input should"),
     ],
 )
 def test_bad_value_names_key(

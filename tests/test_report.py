@@ -32,7 +32,7 @@ from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import landscape, ood, sharpness, shift
 from bayesavg.report.sections.calibration import reliability_layout
 from bayesavg.report.sections.comparisons import baseline_lines, effect
-from bayesavg.report.sections.headline import ranking_table
+from bayesavg.report.sections.headline import best_table, ranking_table
 from bayesavg.report.sections.metrics import metrics_note, metrics_table
 from bayesavg.report.sections.plane import plane_grid
 from bayesavg.report.sections.samples import samples_layout
@@ -256,6 +256,15 @@ def test_pair_predictors_by_name_and_hwa_to_the_vi_it_starts_from() -> None:
     ]
     # An hwa predictor on a trajectory that starts from pretrain has no vi to face.
     assert pair_predictors({"hwa": ("hwa", "hwa"), "vi": ("vi", "vi")}, {"hwa": "pretrain"}) == []
+    # A temperature-scaled predictor faces the one it scales; a flat one's too.
+    scaled = {
+        "map": ("map", "sgd"),
+        "map_ts": ("map", "sgd"),
+        "fswa": ("swa", "fswag"),
+        "fswa_ts": ("swa", "fswag"),
+        "lone_ts": ("map", "sgd"),
+    }
+    assert pair_predictors(scaled, {}) == [("map", "map_ts"), ("fswa", "fswa_ts")]
 
 
 def _pair_inputs() -> ReportInputs:
@@ -737,3 +746,21 @@ def test_html_wraps_long_text_and_scrolls_wide_tables(written: dict[str, Path]) 
     page = written["html"].read_text(encoding="utf-8")
     assert "white-space:pre-wrap" in page and "img{max-width:100%" in page
     assert page.count('<div class="scroll"><table>') == page.count("<table>")
+
+
+def test_best_table_names_the_best_and_counts_beyond_noise(predicted: ReportInputs) -> None:
+    """Each metric's best predictor is the brute-force best, and the counts are the paired
+    verdicts against the baseline, counted one by one."""
+    unc = compute(predicted)
+    rows = {r[0].text: r for r in best_table(predicted, unc).rows}
+    for key, label, lower in (("nll", "NLL", True), ("accuracy", "accuracy", False)):
+        values = {p.name: p.metric(key) for p in predicted.predictors}
+        best = (min if lower else max)(values, key=values.get)
+        assert rows[label][1].text == best
+        verdicts = [
+            unc.comparison(predicted.baseline, p.name).intervals[key].verdict()
+            for p in predicted.predictors
+            if p.name != predicted.baseline
+        ]
+        better, worse = verdicts.count("better"), verdicts.count("worse")
+        assert rows[label][3].text == f"{better} / {worse} of {len(verdicts)}"

@@ -33,7 +33,7 @@ from bayesavg.report.sections.landscape import figures as landscape_figures
 from bayesavg.report.sections.landscape import measures as landscape_measures
 from bayesavg.report.sections.shift import figures as shift_figures
 from bayesavg.report.sections.shift import measures as shift_measures
-from bayesavg.report.uncertainty import compute
+from bayesavg.report.uncertainty import Uncertainty, settings
 
 ANGLES = list(range(0, 181, 15))
 CORRUPTIONS = ("shot_noise", "translate", "brightness")
@@ -233,15 +233,20 @@ def _inputs(**changes: object) -> ReportInputs:
 ANALYSES = (shift, ood_section, landscape, sharpness)
 
 
+def _unc(inputs: ReportInputs) -> Uncertainty:
+    """No intervals: the analysis sections bootstrap their own numbers, so the report's
+    intervals (slow to compute) are not needed."""
+    return Uncertainty(settings(inputs.params))
+
+
 def analysis_claims(inputs: ReportInputs) -> list[Claim]:
-    """The analysis sections' claims, in report order."""
-    unc = compute(inputs)
-    return [c for m in ANALYSES for c in m.build(inputs, unc).claims]
+    """The analysis sections' claims, in report order, without drawing their figures."""
+    return [c for m in ANALYSES for c in m.claims(inputs)]
 
 
 def analysis_blocks(inputs: ReportInputs) -> list[Block]:
     """The analysis sections' blocks, in report order."""
-    unc = compute(inputs)
+    unc = _unc(inputs)
     return [b for m in ANALYSES for b in m.build(inputs, unc).blocks]
 
 
@@ -568,3 +573,9 @@ def test_permutation_p_is_the_one_permutation_at_a_time_count(n: int) -> None:
         rhos = [observed] + [stats._pearson(rx, rng.permutation(ry)) for _ in draws]
     expected = float(np.mean([r >= observed - 1e-12 for r in rhos]))
     assert stats.permutation_p(x, y) == expected
+
+
+def test_a_sections_claims_are_those_its_build_gives(inputs: ReportInputs) -> None:
+    """``claims`` (for the headline, without figures) and ``build`` agree."""
+    for section in ANALYSES:
+        assert section.claims(inputs) == section.build(inputs, _unc(inputs)).claims

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from .calibration import apply_temperature
 from .datasets import Split
 from .methods import METHODS, REGISTRY, Method
 from .metrics import Reliability, classification_metrics, reliability
@@ -149,6 +150,7 @@ def evaluate(
     point_scores: bool = False,
     world: World | None = None,
     precision: Precision | None = None,
+    temperature: float | None = None,
 ) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
@@ -171,7 +173,9 @@ def evaluate(
     computed by rank (s - 1) mod N and rank 0 combines the samples in order,
     so the results are bitwise those of one process. Ranks other than 0
     return an empty dict. ``precision``: forward passes (and BN updates)
-    under its autocast; None is fp32, bitwise as before.
+    under its autocast; None is fp32, bitwise as before. ``temperature``: each sampled
+    network's log-probabilities divided by T and renormalised (``calibration``); for a
+    single-network method that is temperature scaling of the predictive.
 
     Randomness torch draws from its global stream (dropout masks: MC dropout,
     or a BN update of a network with dropout) comes from a stream of its own
@@ -222,9 +226,10 @@ def evaluate(
             if needs_bn:
                 with precision.autocast() if precision else contextlib.nullcontext():
                     update_bn(model, bn_x, batch_size)
-            return log_softmax_predictions(
+            logp = log_softmax_predictions(
                 model, x_all, batch_size, dropout=sampled.dropout, precision=precision
             )
+        return logp if temperature is None else apply_temperature(logp, temperature)
 
     progress = tqdm(
         total=total, desc=f"evaluate {name}", disable=None if world.is_main else True, leave=False

@@ -26,13 +26,15 @@ MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
 @dataclass(frozen=True)
 class PredictorConfig:
     """How to predict: the registry method, its covariance scale, S samples, the sampling
-    seed, the batch size; ``bn_images``: training images for BatchNorm models."""
+    seed, the batch size, the fitted temperature (None: none); ``bn_images``: training
+    images for BatchNorm models."""
 
     method: str
     scale: float | None = None
     n_samples: int = 30
     seed: int = 0
     batch_size: int = 1000
+    temperature: float | None = None
 
     @classmethod
     def from_mapping(cls, found: Mapping[str, Any]) -> PredictorConfig:
@@ -42,6 +44,7 @@ class PredictorConfig:
             n_samples=int(found.get("n_samples", 30)),
             seed=int(found.get("seed", 0)),
             batch_size=int(found.get("batch_size", 1000)),
+            temperature=None if found.get("temperature") is None else float(found["temperature"]),
         )
 
     def as_mapping(self) -> dict[str, Any]:
@@ -51,6 +54,7 @@ class PredictorConfig:
             "n_samples": self.n_samples,
             "seed": self.seed,
             "batch_size": self.batch_size,
+            "temperature": self.temperature,
         }
 
 
@@ -106,6 +110,7 @@ class Predictor:
             device=self.device,
             ood_reference="input",
             point_scores=True,
+            temperature=c.temperature,
         )["input"]
         scores = found.ood_scores["input"]
         probs = found.log_probs.exp()

@@ -17,7 +17,20 @@ class Predictor(_Section):
 
     method: Literal[METHODS]  # type: ignore[valid-type]
     scale: NonNegFloat | None = None
+    # "fit": temperature scaling, T fitted on the validation split (``bayesavg.calibration``).
+    temperature: Literal["fit"] | None = None
     _trajectory: str = PrivateAttr(default="")
+
+    @model_validator(mode="after")
+    def _one_network(self) -> Predictor:
+        """Each sampled network is tempered, which is temperature scaling of the predictive
+        only when there is one network."""
+        if self.temperature is not None and REGISTRY[self.method].samples != "one":
+            raise ValueError(
+                f"temperature scaling tempers one network's predictive; method "
+                f"{self.method} averages several networks (use it with map or swa)"
+            )
+        return self
 
     @property
     def trajectory(self) -> str:

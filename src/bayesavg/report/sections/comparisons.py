@@ -45,19 +45,21 @@ COMPARISONS_NOTE = (
 def pair_predictors(
     predictors: Mapping[str, tuple[str, str]], starts: Mapping[str, str]
 ) -> list[tuple[str, str]]:
-    """(reference, candidate) pairs: each F-variant beside its baseline, HWA beside VI.
+    """(reference, candidate) pairs: each F-variant beside its baseline, HWA beside VI, a
+    temperature-scaled predictor beside the one it scales.
 
     ``predictors`` maps a name to (method, trajectory), ``starts`` a
-    trajectory to the one it starts from. ``f<base>`` or ``f_<base>`` pairs
-    with ``<base>`` by name; a predictor whose method has a registry
+    trajectory to the one it starts from. ``f<base>``, ``f_<base>`` or
+    ``<base>_ts`` pairs with ``<base>`` by name; a predictor whose method has a registry
     ``baseline`` (hwa: vi) pairs with each predictor of that method on its
     trajectory's start trajectory (the VI solution HWA continues from).
     Candidates keep the given order.
     """
     pairs: list[tuple[str, str]] = []
     for name, (method, trajectory) in predictors.items():
-        base = name[2:] if name.startswith("f_") else name[1:] if name.startswith("f") else ""
-        found = [base] if base in predictors and base != name else []
+        flat = name[2:] if name.startswith("f_") else name[1:] if name.startswith("f") else ""
+        bases = (name.removesuffix("_ts"), flat)
+        found = [base for base in bases if base in predictors and base != name]
         baseline = REGISTRY[method].baseline if method in REGISTRY else None
         if baseline is not None:
             origin = starts.get(trajectory)

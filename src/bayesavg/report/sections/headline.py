@@ -1,10 +1,12 @@
-"""The report's first section: the ranking by test NLL with intervals, and which of the
-papers' claims hold on this run, so a reader gets the answer before the details."""
+"""The report's first section: the best predictor per metric and how many beat the
+baseline beyond noise, the ranking by test NLL with intervals, and which of the papers'
+claims hold on this run, so a reader gets the answer before the details."""
 
 from __future__ import annotations
 
 import math
 
+from ...intervals import LOWER_IS_BETTER
 from ..blocks import (
     Cell,
     Heading,
@@ -15,7 +17,7 @@ from ..blocks import (
     bullets_or,
 )
 from ..claims import DSWAG_PAPER, Claim, claim_text
-from ..formats import with_interval
+from ..formats import LABELS, with_interval
 from ..inputs import PredictorResult, ReportInputs
 from ..uncertainty import Uncertainty
 
@@ -61,6 +63,31 @@ def ranking_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
     return Table(header, rows)
 
 
+def best_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
+    """Per metric: the best predictor with its interval, and how many predictors differ
+    from the baseline beyond noise (paired interval excluding 0), better and worse, of
+    those with per-point predictions."""
+    base = inputs.baseline
+    header = ["Metric", "Best predictor", "Its value [95% CI]", f"Better / worse than {base}"]
+    rows = []
+    for key, label in LABELS.items():
+        found = [p for p in inputs.predictors if math.isfinite(p.metric(key))]
+        if not found:
+            continue
+        pick = min if LOWER_IS_BETTER[key] else max
+        best = pick(found, key=lambda p: p.metric(key))
+        value = with_interval(key, best.metric(key), unc.estimate(best.name, key))
+        comps = [c for p in found if p.name != base and (c := unc.comparison(base, p.name))]
+        verdicts = [c.intervals[key].verdict() for c in comps]
+        counts = (
+            f"{verdicts.count('better')} / {verdicts.count('worse')} of {len(comps)}"
+            if comps
+            else "n/a: no per-point predictions"
+        )
+        rows.append([Cell(label), Cell(best.name), Cell(value), Cell(counts)])
+    return Table(header, rows)
+
+
 def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section:
     """The headline, built last from every other section's claims and shown first.
 
@@ -77,6 +104,12 @@ def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section
     lines = [claim_text(c) for c in sorted(found, key=lambda c: c.paper == DSWAG_PAPER)]
     blocks = [
         Heading(2, "Headline"),
+        Paragraph(
+            "The best value of each test metric, and how many predictors are better or worse "
+            f"than the baseline {inputs.baseline} beyond noise (their paired "
+            f"{100 * s.level:g}% interval excludes 0); the rest are within noise."
+        ),
+        TableBlock(best_table(inputs, unc)),
         Paragraph(note),
         TableBlock(ranking_table(inputs, unc)),
         Heading(3, "The papers' claims on this run"),

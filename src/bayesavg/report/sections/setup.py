@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ...methods import REGISTRY
@@ -32,14 +33,25 @@ def summary(inputs: ReportInputs) -> str:
     for p in inputs.predictors:
         what = REGISTRY[p.method].label if p.method in REGISTRY else f"method {p.method}"
         extra = f", scale {p.scale:g}" if p.scale else ""
+        temperature = p.metric("temperature")
+        if math.isfinite(temperature):
+            extra += f", temperature-scaled: T = {temperature:.3g} fitted on val"
         kl_weight = _kl_weight(inputs.params, p.trajectory)
         if kl_weight != 1.0:
             extra += f", tempered: KL weight {kl_weight:g}, not the true ELBO"
         described.append(f"{p.name} ({what}, trajectory {p.trajectory}{extra})")
+    test = info.get("test")
+    seed = inputs.params.get("seed")
+    basis = (
+        f" Every interval rests on the {test} test points of one training seed (seed {seed}): "
+        "it measures how the metric varies over test points, not over reruns."
+        if test is not None and seed is not None
+        else ""
+    )
     return (
         f"{data} Predictors: {'; '.join(described) or 'none'}. "
         f"Each is compared with the baseline {inputs.baseline}; "
-        "lower is better for NLL, ECE and Brier, higher for accuracy."
+        "lower is better for NLL, ECE and Brier, higher for accuracy." + basis
     )
 
 

@@ -149,7 +149,7 @@ def sharpness_figure(inputs: ReportInputs) -> Figure | None:
     return fig
 
 
-def _sharpness_claims(inputs: ReportInputs) -> list[Claim]:
+def claims(inputs: ReportInputs) -> list[Claim]:
     out = []
     for x, label in (("sharpness", "SAM sharpness"), ("hessian_trace", "tr(H)")):
         statement = f"Flatter is better calibrated: lower {label} goes with lower ECE and NLL"
@@ -171,12 +171,12 @@ def _sharpness_claims(inputs: ReportInputs) -> list[Claim]:
 
 
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
-    claims = _sharpness_claims(inputs)
+    checked = claims(inputs)
     blocks: list[Block] = [Heading(2, "Sharpness and calibration")]
     found = [c for x in ("sharpness", "hessian_trace") for c in sharpness_correlations(inputs, x)]
     if not found:
         empty = Paragraph("Fewer than 3 predictors have sharpness and tr(H); nothing to show.")
-        return Section([*blocks, empty], claims)
+        return Section([*blocks, empty], checked)
     strongest = max(found, key=lambda c: (abs(c.rho), c.x, c.y))
     blocks += [
         Paragraph(
@@ -204,4 +204,4 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
             )
         ),
     ]
-    return Section([*blocks, claim_bullets(claims)], claims)
+    return Section([*blocks, claim_bullets(checked)], checked)

@@ -205,16 +205,21 @@ CAPTIONS = {
 }
 
 
+def claims(inputs: ReportInputs) -> list[Claim]:
+    """The section's claims without its figures (what the headline needs)."""
+    return [*_line_claims(inputs), *_width_claims(inputs), *_sigma_claims(inputs)]
+
+
 def _figure(name: str, drawn: Figure | None) -> list[Block]:
     return figure(name, style.png_or_none(drawn), CAPTIONS[name])
 
 
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     line, width, sigma = _line_claims(inputs), _width_claims(inputs), _sigma_claims(inputs)
-    claims = [*line, *width, *sigma]
+    checked = [*line, *width, *sigma]
     blocks: list[Block] = [Heading(2, "Loss landscape")]
     if inputs.landscape is None:
-        return Section([*blocks, Paragraph(f"No landscape figures: {NO_LANDSCAPE}.")], claims)
+        return Section([*blocks, Paragraph(f"No landscape figures: {NO_LANDSCAPE}.")], checked)
     blocks += [
         Paragraph(_landscape_sentence(inputs)),
         *_figure("analysis_line", figures.line_figure(inputs)),
@@ -232,4 +237,4 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     table = _sigma_table(inputs)
     if table is not None:
         blocks.append(TableBlock(table))
-    return Section([*blocks, claim_bullets(sigma)], claims)
+    return Section([*blocks, claim_bullets(sigma)], checked)

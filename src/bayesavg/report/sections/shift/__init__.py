@@ -149,6 +149,11 @@ def _shift_sentence(inputs: ReportInputs, gaps: list[ShiftGap]) -> str:
     return text + "."
 
 
+def claims(inputs: ReportInputs) -> list[Claim]:
+    """The section's claims without its figures (what the headline needs)."""
+    return [_shift_claim(inputs, _shift_gaps(inputs))]
+
+
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     gaps = _shift_gaps(inputs)
     claim = _shift_claim(inputs, gaps)

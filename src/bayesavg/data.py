@@ -9,7 +9,6 @@ recomputed exactly as the data stage made it.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ from .datasets import TORCHVISION, Source, Split, load_imagefolder, load_source
 from .runtime.errors import UserError
 from .runtime.io import save_torch, sha256_file, write_json
 from .seeding import derive_seed, generator
-
-log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 

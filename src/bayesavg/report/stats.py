@@ -1,8 +1,9 @@
 """Small statistics the sections decide claims with: rank correlation and its permutation
 test, the AUROC's standard error, an unpaired interval for two accuracies.
 
-Written here rather than taken from scipy, which the project does not otherwise need; each
-is tested against brute force.
+Written here rather than taken from scipy, which the library does not depend on: the
+exact permutation test enumerates small samples and seeds a fixed draw for larger ones, so
+the p-value is a reproducible number (tests compare it with a brute-force count).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ What happens before a ``Run`` exists lives here; what a started run logs lives i
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .mlflow_run import EXECUTION_TAG, OUTPUT_TAG, PARENT_TAG, Run, store_client
@@ -135,18 +134,6 @@ def _parent_run(
         experiment_id, run_name=parent["name"], tags={EXECUTION_TAG: key, **own, **extra}
     )
     return run.info.run_id
-
-
-@contextlib.contextmanager
-def start_run(run_name: str, **kwargs: Any) -> Iterator[Run]:
-    """``open_run``, yield the run, mark it FINISHED (or FAILED on an exception)."""
-    run = open_run(run_name, **kwargs)
-    try:
-        yield run
-    except BaseException:
-        run.terminate("FAILED")
-        raise
-    run.terminate("FINISHED")
 
 
 def _resumed(client: Any, run_id: str, experiment_id: str, tracking_uri: str) -> Run | None:

@@ -62,6 +62,7 @@ def _batchnorm_posterior() -> PosteriorFile:
 def valid(tiny_posteriors: TinyPosteriors) -> dict[str, PosteriorFile]:
     """One valid posterior of each kind, built with the real collectors."""
     plain = load_posterior(tiny_posteriors.plain)
+    swag = load_posterior(tiny_posteriors.swag)
     d = plain.theta.numel()
     rho = torch.full((d,), -5.0)
     hwa = HWA(d, max_rank=HWA_RANK)
@@ -82,6 +83,15 @@ def valid(tiny_posteriors: TinyPosteriors) -> dict[str, PosteriorFile]:
         "ensemble": dataclasses.replace(
             bn, samples={"theta": torch.stack(members), "buffers": member_buffers}
         ),
+        "multiswag": dataclasses.replace(
+            plain,
+            trajectory="multiswag",
+            samples={
+                "theta": torch.stack([plain.theta, plain.theta + 0.01]),
+                "buffers": [{}, {}],
+                "collectors": [swag.collector, copy.deepcopy(swag.collector)],
+            },
+        ),
         "sgld": dataclasses.replace(
             plain,
             trajectory="sgld",
@@ -100,6 +110,7 @@ def valid(tiny_posteriors: TinyPosteriors) -> dict[str, PosteriorFile]:
         ("hwa", {"weights", "variational", "hwa"}),
         ("batchnorm", {"weights"}),
         ("ensemble", {"weights", "members"}),
+        ("multiswag", {"weights", "members", "member_snapshots"}),
         ("sgld", {"weights", "samples"}),
     ],
 )
@@ -176,6 +187,16 @@ class Corruption(NamedTuple):
 
 
 CORRUPTIONS: dict[str, Corruption] = {
+    "multiswag-collectors-count": Corruption(
+        "multiswag",
+        _set(("samples", "collectors"), lambda c: c[:1]),
+        "samples.collectors has 1 entries, expected 2 (one per row of samples.theta)",
+    ),
+    "multiswag-collector-mean-shape": Corruption(
+        "multiswag",
+        _set(("samples", "collectors", 1, "mean"), lambda t: t[:-1]),
+        f"samples.collectors[1].mean has shape ({D_MLP - 1}), expected ({D_MLP})",
+    ),
     "collector-missing-m2": Corruption(
         "collector", _delete(("collector", "m2")), "collector.m2 is missing"
     ),

@@ -19,11 +19,13 @@ PROVIDES = {
     "variational": "a variational posterior (a vi or hwa trajectory)",
     "hwa": "HWA snapshots (an hwa trajectory)",
     "members": "ensemble members (an ensemble trajectory)",
+    "member_snapshots": "SWAG snapshots of every ensemble member (an ensemble trajectory with "
+    "'collect')",
     "samples": "SGLD samples (an sgld trajectory)",
 }
 
 # Where sharpness is measured (``bayesavg.sampling.CENTRES``).
-CENTRES = ("weights", "snapshot_mean", "hwa_mean", "samples_mean", "members")
+CENTRES = ("weights", "snapshot_mean", "hwa_mean", "samples_mean", "members", "member_means")
 # Where a variational method's per-weight sigma comes from (``bayesavg.sampling.SIGMAS``).
 SIGMAS = ("rho", "hwa_var", "hwa_rho")
 
@@ -148,6 +150,20 @@ REGISTRY: dict[str, Method] = {
             samples="members",
             own_buffers=True,
             centre="members",
+        ),
+        Method(
+            "multiswa",
+            needs="member_snapshots",
+            label="MultiSWA: an ensemble of the members' SWA means",
+            samples="members",
+            centre="member_means",
+        ),
+        Method(
+            "multiswag",
+            needs="member_snapshots",
+            label="MultiSWAG: the equal mixture of S SWAG samples from each member",
+            default_scale=0.5,
+            centre="member_means",
         ),
         Method(
             "sgld",

@@ -149,6 +149,35 @@ def _ensemble(posterior: PosteriorFile, req: Request) -> Draws:
     return Draws(lambda s: (thetas[s], buffers[s]), thetas.shape[0])
 
 
+def _member_swags(posterior: PosteriorFile, device: torch.device | str) -> list[SWAG]:
+    assert posterior.samples is not None
+    swags = [SWAG.from_state_dict(c, device=device) for c in posterior.samples["collectors"]]
+    if any(swag.n_collected == 0 for swag in swags):
+        raise UserError(f"a member of trajectory {posterior.trajectory!r} collected no snapshots")
+    return swags
+
+
+@sampler("multiswa")
+def _multiswa(posterior: PosteriorFile, req: Request) -> Draws:
+    means = [swag.mean for swag in _member_swags(posterior, req.device)]
+    return Draws(lambda s: (means[s], None), len(means))
+
+
+@sampler("multiswag")
+def _multiswag(posterior: PosteriorFile, req: Request) -> Draws:
+    """S draws from each of the M members' SWAG, interleaved (network s from member s mod M),
+    so every prefix of the M * S networks is as near an equal mixture as it can be."""
+    swags = _member_swags(posterior, req.device)
+    if any(swag.rank < 2 for swag in swags):
+        raise UserError(
+            f"multiswag needs at least 2 snapshots per member of {posterior.trajectory}"
+        )
+    m = len(swags)
+    return Draws(
+        lambda s: (swags[s % m].sample(req.scale, generator=req.generator), None), m * req.n_samples
+    )
+
+
 @sampler("sgld")
 def _sgld(posterior: PosteriorFile, req: Request) -> Draws:
     assert posterior.samples is not None
@@ -197,12 +226,17 @@ def _centre_members(posterior: PosteriorFile, method: Method) -> list[Network]:
     return list(zip(posterior.samples["theta"], posterior.samples["buffers"], strict=True))
 
 
+def _centre_member_means(posterior: PosteriorFile, method: Method) -> list[Network]:
+    return [(swag.mean, None) for swag in _member_swags(posterior, "cpu")]
+
+
 CENTRES: dict[str, Callable[[PosteriorFile, Method], list[Network]]] = {
     "weights": _centre_weights,
     "snapshot_mean": _centre_snapshot_mean,
     "hwa_mean": _centre_hwa_mean,
     "samples_mean": _centre_samples_mean,
     "members": _centre_members,
+    "member_means": _centre_member_means,
 }
 
 

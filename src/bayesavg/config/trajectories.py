@@ -86,7 +86,8 @@ class Trajectory(Optim):
     kind sgd: SGD (SWAG snapshots with ``collect``); vi: SVI on (mu, rho) from
     the start's weights; hwa: SVI continued from a vi trajectory, collecting
     (mu, sigma) snapshots; ensemble: the first ``members`` pretrained networks
-    (``pretrain.members``), each fine-tuned like an sgd trajectory; sgld: Langevin dynamics
+    (``pretrain.members``), each fine-tuned like an sgd trajectory (with ``collect``, each
+    member collects its own SWAG snapshots: MultiSWAG); sgld: Langevin dynamics
     (SGD without momentum plus Gaussian noise), keeping the last
     ``collect.max_rank`` samples taken after ``collect.start_epoch`` (burn-in).
     ``sam_rho`` > 0 turns on the SAM gradient (F-variants); ``dropout`` sets
@@ -158,8 +159,6 @@ class Trajectory(Optim):
             raise ValueError("reset_to_average: only hwa trajectories average and restart")
         if (self.members is not None) != (self.kind == "ensemble"):
             raise ValueError("members: set it for ensemble trajectories, and only for them")
-        if self.kind == "ensemble" and self.collect is not None:
-            raise ValueError("collect: ensemble members keep their final weights, not snapshots")
         if self.kind == "ensemble" and self.start != "pretrain":
             raise ValueError("start: ensemble members start from pretraining (start: pretrain)")
         if self.kind == "sgld":
@@ -187,6 +186,8 @@ class Trajectory(Optim):
             out.add("hwa")
         if self.kind == "ensemble":
             out.add("members")
+            if self.collect is not None:
+                out.add("member_snapshots")
         if self.kind == "sgld":
             out.add("samples")
         return out

@@ -219,7 +219,8 @@ def check_hwa(value: Any, num_params: int) -> None:
 
 
 def check_samples(value: Any, num_params: int, model_buffers: Mapping[str, torch.Tensor]) -> None:
-    """k >= 1 weight vectors, with k buffer dicts (ensemble members) or None (SGLD)."""
+    """k >= 1 weight vectors, with k buffer dicts (ensemble members) or None (SGLD), and
+    optionally k SWAG collectors (``collectors``: each member's snapshots, MultiSWAG)."""
     samples = as_block(value, "samples")
     theta = check_tensor(get(samples, "theta", "samples"), "samples.theta", (None, num_params))
     k = theta.shape[0]
@@ -239,3 +240,17 @@ def check_samples(value: Any, num_params: int, model_buffers: Mapping[str, torch
         )
     for i, member in enumerate(buffers):
         check_buffers(member, f"samples.buffers[{i}]", model_buffers)
+    collectors = samples.get("collectors")
+    if collectors is None:
+        return
+    if not isinstance(collectors, list | tuple):
+        raise PosteriorFileError(
+            f"samples.collectors is {_describe(collectors)}, expected None or a list of {k} dicts"
+        )
+    if len(collectors) != k:
+        raise PosteriorFileError(
+            f"samples.collectors has {len(collectors)} entries, expected {k} "
+            "(one per row of samples.theta)"
+        )
+    for i, collector in enumerate(collectors):
+        check_collector(collector, f"samples.collectors[{i}]", num_params)

@@ -54,7 +54,8 @@ class PosteriorFile:
     rho: torch.Tensor | None = None
     hwa: dict[str, Any] | None = None
     # Stored weight vectors for BMA over an explicit set: ensemble members (with
-    # their own BatchNorm buffers) or SGLD samples (buffers None: BN is recomputed).
+    # their own BatchNorm buffers, and with "collectors", each member's SWAG moments:
+    # MultiSWAG) or SGLD samples (buffers None: BN is recomputed).
     samples: dict[str, Any] | None = None
     # The weights a snapshot-collecting trajectory started from, so the loss
     # plane can show where the run began without reading another stage's file.
@@ -115,6 +116,8 @@ class PosteriorFile:
             out.add("hwa")
         if self.samples is not None:
             out.add("members" if self.samples["buffers"] is not None else "samples")
+            if self.samples.get("collectors") is not None:
+                out.add("member_snapshots")
         return out
 
     @property

@@ -242,7 +242,7 @@ def _ensemble(
     runs = train_members(traj.members, member_run, resume, compute.world)
     if runs is None:
         return None
-    posterior = runs[0].posterior
+    posterior = dataclasses.replace(runs[0].posterior, collector=None)
     posterior.samples = stacked(runs)
     return RunResult(posterior, _mean_history([r.history for r in runs]))
 

@@ -71,8 +71,12 @@ def _save(resume: Resumable | None, done: list[RunResult]) -> None:
 
 
 def stacked(runs: list[RunResult]) -> dict[str, object]:
-    """The members' weights and buffers as a posterior file's ``samples``."""
-    return {
+    """The members' weights and buffers as a posterior file's ``samples``, with their SWAG
+    moments (``collectors``) when they collected snapshots."""
+    out: dict[str, object] = {
         "theta": torch.stack([r.posterior.theta for r in runs]),
         "buffers": [r.posterior.buffers for r in runs],
     }
+    if all(r.posterior.collector is not None for r in runs):
+        out["collectors"] = [r.posterior.collector for r in runs]
+    return out

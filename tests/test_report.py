@@ -650,8 +650,14 @@ def test_headline_lists_every_claim(
     predicted: ReportInputs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new section is one entry in the list: its blocks appear where it is listed and
-    its claims in the headline."""
-    claim = Claim("Some paper", "Averaging helps under shift", False, "gap +0.01 [-0.02, 0.04]")
+    its claims in the headline: a row of the claims table, the evidence collapsed below."""
+    claim = Claim(
+        "Some paper",
+        "Averaging helps under shift",
+        False,
+        "Gap +0.01 at 90°.",
+        "gap +0.01 [-0.02, 0.04]",
+    )
 
     def planted(inputs: ReportInputs, unc: Uncertainty) -> Section:
         return Section([Heading(2, "Dataset shift")], [claim])
@@ -662,7 +668,12 @@ def test_headline_lists_every_claim(
     pairs = dataclasses.replace(predicted, pairs=[("swa", "swag")])
     md = write_report(pairs, tmp_path)["md"].read_text(encoding="utf-8")
     headline = md.split("## Headline")[1].split("\n## ")[0]
-    assert f"- {claim_text(claim)}" in headline
+    table, details = headline.split("<details>")
+    assert (
+        "| Some paper | Averaging helps under shift | does not hold | gap +0.01 [-0.02, 0.04] |"
+        in table
+    )
+    assert f"- {claim_text(claim)}" in details.split("</details>")[0]
     assert claim_text(claim).startswith("[does not hold] Some paper: ")
     order = re.findall(r"^## (.+)$", md, re.M)
     assert order.index("Comparisons") < order.index("Dataset shift") < order.index("Tuning")

@@ -222,9 +222,13 @@ def test_html_and_markdown_carry_the_same_dswag_content(written: dict[str, Path]
     text = written["md"].read_text(encoding="utf-8")
     headline = text.split("## Headline")[1].split("\n## ")[0]
     section = text.split("## Distributed SWAG")[1].split("\n## ")[0]
+    evidence = headline.split("<details>")[1].split("</details>")[0]
     for claim in claims(_dswag_inputs()):
-        # The same line, in full, in the headline and in its section.
-        assert f"- {claim_text(claim)}\n" in headline and f"- {claim_text(claim)}\n" in section
+        # The same line, in full, in the headline's evidence and in its section; a table row.
+        assert f"- {claim_text(claim)}\n" in evidence and f"- {claim_text(claim)}\n" in section
+        verdict = f"**{claim.verdict}**" if claim.holds else claim.verdict
+        row = f"| {PAPER} | {claim.statement} | {verdict} | {claim.number} |"
+        assert row in headline.split("<details>")[0]
     assert SIGN_NOTE in text
 
 

@@ -6,6 +6,7 @@ cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -20,10 +21,12 @@ class Cell(NamedTuple):
 
 
 class Table(NamedTuple):
-    """A header and rows of cells, the same for HTML and Markdown."""
+    """A header and rows of cells, the same for HTML and Markdown; ``text_columns``: how
+    many leading columns hold text (left-aligned in HTML), the rest numbers (right)."""
 
     header: list[str]
     rows: list[list[Cell]]
+    text_columns: int = 1
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,16 @@ class Preformatted:
     kind: str = "pre"
 
 
-Block = Heading | Paragraph | Bullets | TableBlock | FigureBlock | Preformatted
+@dataclass(frozen=True)
+class Details:
+    """Blocks collapsed under a one-line ``summary`` (HTML ``<details>``, in both files)."""
+
+    summary: str
+    blocks: list[Block]
+    kind: str = "details"
+
+
+Block = Heading | Paragraph | Bullets | TableBlock | FigureBlock | Preformatted | Details
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,14 @@ class Section:
 
     blocks: list[Block]
     claims: list[Claim] = field(default_factory=list)
+
+
+def walk(blocks: list[Block]) -> Iterator[Block]:
+    """Every block in reading order, those inside a ``Details`` too."""
+    for block in blocks:
+        yield block
+        if isinstance(block, Details):
+            yield from walk(block.blocks)
 
 
 def bullets_or(lines: list[str], empty: str) -> Block:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..intervals import Estimate
+from ..intervals import Estimate, Interval
 from .inputs import PredictorResult
 
 # (metric key, label, higher is better, value format, delta format) for pair comparisons.
@@ -28,6 +28,23 @@ LABELS = {"accuracy": "accuracy", "nll": "NLL", "ece": "ECE", "brier": "Brier"}
 def metric_scale(metric: str) -> tuple[float, int, str]:
     """Scale, decimals and unit a metric's differences are written in."""
     return (100.0, 2, " pp") if metric == "accuracy" else (1.0, 4, "")
+
+
+def diff_number(
+    metric: str, diff: float, low: float | None = None, high: float | None = None
+) -> str:
+    """A difference as a claim's deciding number: 'NLL diff -0.0123 [-0.0200, -0.0040]'
+    (accuracy in pp), or '..., no CI' without an interval."""
+    scale, digits, unit = metric_scale(metric)
+    text = f"{LABELS.get(metric, metric)} diff {scale * diff:+.{digits}f}{unit}"
+    if low is None or high is None:
+        return f"{text}, no CI"
+    return f"{text} [{scale * low:+.{digits}f}, {scale * high:+.{digits}f}]"
+
+
+def interval_number(interval: Interval) -> str:
+    """``diff_number`` of a paired bootstrap interval."""
+    return diff_number(interval.metric, interval.diff, interval.low, interval.high)
 
 
 def fmt_value(metric: str, value: float) -> str:

@@ -17,7 +17,7 @@ import jinja2
 
 from ..runtime.io import write_bytes, write_text
 from . import document
-from .blocks import Block, FigureBlock, Heading
+from .blocks import Block, FigureBlock, Heading, walk
 from .inputs import ReportInputs
 
 
@@ -72,7 +72,7 @@ def write_report(inputs: ReportInputs, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks = document.build(inputs)
     paths: dict[str, Path] = {}
-    for block in blocks:
+    for block in walk(blocks):
         if isinstance(block, FigureBlock):
             paths[block.name] = out_dir / "figures" / f"{block.name}.png"
             write_bytes(paths[block.name], block.png)

@@ -19,7 +19,7 @@ from ..blocks import (
     bullets_or,
 )
 from ..claims import FLAT_PAPER, HWA_PAPER, Claim
-from ..formats import LABELS, metric_scale
+from ..formats import LABELS, diff_number, interval_number, metric_scale
 from ..inputs import PredictorResult, ReportInputs
 from ..uncertainty import Comparison, Uncertainty
 
@@ -160,14 +160,21 @@ def _pair_claim(
     labels = [LABELS[k] for k in keys]
     statement = f"{cand.name} improves on {ref.name} in {', '.join(labels[:-1])} and {labels[-1]}"
     if comp is None:
-        return Claim(paper, statement, None, _without_interval(ref, cand))
-    verdicts = {comp.intervals[k].verdict() for k in keys}
-    holds = False if "worse" in verdicts else True if verdicts == {"better"} else None
+        diffs = [(k, d) for k in keys if math.isfinite(d := cand.metric(k) - ref.metric(k))]
+        number = diff_number(*diffs[0]) if diffs else "n/a (no metrics)"
+        return Claim(paper, statement, None, _without_interval(ref, cand), number)
+    verdicts = [comp.intervals[k].verdict() for k in keys]
+    holds = False if "worse" in verdicts else True if set(verdicts) == {"better"} else None
     evidence = "; ".join(_effects(comp, keys))
     sharp, base = cand.metric("sharpness"), ref.metric("sharpness")
     if paper == FLAT_PAPER and math.isfinite(sharp) and math.isfinite(base):
         evidence += f"; sharpness {sharp:.4f} vs {base:.4f} (on the weights, no interval)"
-    return Claim(paper, statement, holds, evidence)
+    # The metric that decides: the first worse one, else the first within noise, else the first.
+    want = {False: "worse", None: "within noise", True: "better"}[holds]
+    deciding = comp.intervals[keys[verdicts.index(want)]]
+    better = verdicts.count("better")
+    number = f"{interval_number(deciding)} ({better} of {len(keys)} better)"
+    return Claim(paper, statement, holds, evidence, number)
 
 
 def claims(inputs: ReportInputs, unc: Uncertainty) -> list[Claim]:

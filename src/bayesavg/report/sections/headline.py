@@ -1,6 +1,7 @@
 """The report's first section: the best predictor per metric and how many beat the
 baseline beyond noise, the ranking by test NLL with intervals, and which of the papers'
-claims hold on this run, so a reader gets the answer before the details."""
+claims hold on this run (one table row each, the evidence collapsed beneath), so a reader
+gets the answer before the details."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import math
 
 from ...intervals import LOWER_IS_BETTER
 from ..blocks import (
+    Block,
+    Bullets,
     Cell,
+    Details,
     Heading,
     Paragraph,
     Section,
     Table,
     TableBlock,
-    bullets_or,
 )
 from ..claims import DSWAG_PAPER, Claim, claim_text
 from ..formats import LABELS, with_interval
@@ -88,6 +91,36 @@ def best_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
     return Table(header, rows)
 
 
+CLAIMS_NOTE = (
+    "One row per claim: 'holds' or 'does not hold' where this run decides it, 'undecided' "
+    "where the difference is within noise or data is missing; the last column gives the "
+    "number that decides it, with its interval where there is one. The full evidence of "
+    "each claim is in the collapsed list below the table."
+)
+
+
+def claims_table(found: list[Claim]) -> Table:
+    """Paper, statement, verdict (bold where it holds) and the deciding number, one row per
+    claim in the given order; every column is text."""
+    header = ["Paper", "Claim", "Verdict", "Deciding number [95% CI]"]
+    rows = [
+        [Cell(c.paper), Cell(c.statement), Cell(c.verdict, c.holds is True), Cell(c.number)]
+        for c in found
+    ]
+    return Table(header, rows, text_columns=len(header))
+
+
+def claims_blocks(found: list[Claim]) -> list[Block]:
+    """The claims table with the evidence of every claim collapsed beneath it."""
+    if not found:
+        return [Paragraph("No claim can be checked on these predictors.")]
+    return [
+        Paragraph(CLAIMS_NOTE),
+        TableBlock(claims_table(found)),
+        Details("Evidence for each claim", [Bullets([claim_text(c) for c in found])]),
+    ]
+
+
 def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section:
     """The headline, built last from every other section's claims and shown first.
 
@@ -101,7 +134,7 @@ def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section
         f"the baseline {inputs.baseline} ({s.resamples} resamples, seed {s.seed}): 'better' "
         "or 'worse' only where that interval excludes 0."
     )
-    lines = [claim_text(c) for c in sorted(found, key=lambda c: c.paper == DSWAG_PAPER)]
+    ordered = sorted(found, key=lambda c: c.paper == DSWAG_PAPER)
     blocks = [
         Heading(2, "Headline"),
         Paragraph(
@@ -113,6 +146,6 @@ def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section
         Paragraph(note),
         TableBlock(ranking_table(inputs, unc)),
         Heading(3, "The papers' claims on this run"),
-        bullets_or(lines, "No claim can be checked on these predictors."),
+        *claims_blocks(ordered),
     ]
     return Section(blocks)

@@ -152,7 +152,9 @@ def _ood_claim(inputs: ReportInputs) -> Claim:
     statement = "Bayesian predictors detect OOD inputs better than the baseline (AUROC of H[p̄])"
     ood_set, base = _first_ood_set(inputs), style.baseline(inputs)
     if ood_set is None or base is None or math.isnan(ood_value(base, ood_set, "entropy", "auroc")):
-        return Claim(BMA_PAPER, statement, None, "No OOD metrics for the baseline.")
+        return Claim(
+            BMA_PAPER, statement, None, "No OOD metrics for the baseline.", "n/a (no OOD metrics)"
+        )
     ref = ood_value(base, ood_set, "entropy", "auroc")
     higher, lower, n = [], [], 0
     for p in inputs.predictors:
@@ -166,14 +168,16 @@ def _ood_claim(inputs: ReportInputs) -> Claim:
         elif value < ref - margin:
             lower.append(p.name)
     if n == 0:
-        return Claim(BMA_PAPER, statement, None, "No Bayesian predictor has OOD metrics.")
+        why = "No Bayesian predictor has OOD metrics."
+        return Claim(BMA_PAPER, statement, None, why, "n/a (no Bayesian OOD metrics)")
     holds = True if len(higher) > n / 2 else (False if len(higher) <= len(lower) else None)
     text = (
         f"On {ood_set}, {base.name}'s AUROC is {ref:.4f}; of {n} Bayesian predictors, "
         f"{len(higher)} are higher beyond two standard errors (Hanley-McNeil, unpaired) "
         f"and {len(lower)} lower" + (f" (lower: {', '.join(lower)})" if lower else "") + "."
     )
-    return Claim(BMA_PAPER, statement, holds, text)
+    number = f"{len(higher)} higher, {len(lower)} lower of {n} vs AUROC {ref:.4f}"
+    return Claim(BMA_PAPER, statement, holds, text, number)
 
 
 def _ood_table(inputs: ReportInputs, ood_set: str, score: str) -> Table | None:

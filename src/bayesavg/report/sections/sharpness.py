@@ -149,13 +149,24 @@ def sharpness_figure(inputs: ReportInputs) -> Figure | None:
     return fig
 
 
+def _deciding(found: list[Correlation], holds: bool | None) -> Correlation:
+    """The correlation that decides the rule: the weakest when it holds, the strongest when
+    it fails (none positive), else the first that misses the bar."""
+    if holds is True:
+        return min(found, key=lambda c: c.rho)
+    if holds is False:
+        return max(found, key=lambda c: c.rho)
+    return next(c for c in found if not (c.rho >= MIN_RHO and c.p < 0.05))
+
+
 def claims(inputs: ReportInputs) -> list[Claim]:
     out = []
     for x, label in (("sharpness", "SAM sharpness"), ("hessian_trace", "tr(H)")):
         statement = f"Flatter is better calibrated: lower {label} goes with lower ECE and NLL"
         found = sharpness_correlations(inputs, x)
         if not found:
-            out.append(Claim(FLAT_PAPER, statement, None, f"Fewer than 3 predictors have {label}."))
+            why = f"Fewer than 3 predictors have {label}."
+            out.append(Claim(FLAT_PAPER, statement, None, why, "n/a (fewer than 3 predictors)"))
             continue
         parts = "; ".join(
             f"rho({label}, {c.y.upper()}) = {c.rho:+.2f} (one-sided permutation p = {c.p:.3f})"
@@ -166,7 +177,10 @@ def claims(inputs: ReportInputs) -> list[Claim]:
             f"predictor): {parts}. "
             f"Rule: holds if every rho ≥ {MIN_RHO:g} with p < 0.05, fails if none is positive."
         )
-        out.append(Claim(FLAT_PAPER, statement, flat_calibrated_verdict(found), text))
+        holds = flat_calibrated_verdict(found)
+        c = _deciding(found, holds)
+        number = f"rho({label}, {c.y.upper()}) {c.rho:+.2f}, p {c.p:.3f}, n {c.n}"
+        out.append(Claim(FLAT_PAPER, statement, holds, text, number))
     return out
 
 

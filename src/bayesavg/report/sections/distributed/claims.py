@@ -2,27 +2,19 @@
 ``Claim`` per statement, (a) to (e). As everywhere in the report, a claim must be earned: ties
 and missing values never count for it.
 
-Intervals: DSWAG against its FedAvg model and against SWAG after distributed training is the
-paired bootstrap of ALGORITHMS §10 (from ``uncertainty``) wherever both predictors' per-point
-predictions are kept. Without them an accuracy difference gets an unpaired binomial 95%
-interval; it is wider than the paired one whenever the two predictors err on the same points
-(as related networks do), so "excludes 0" stays a safe statement, and NLL, ECE and Brier get
-none. The sweep keeps metrics only, so it is always compared this way, and the sweep shows
-whether a sign holds across W.
+Intervals: see ``differences``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from ....intervals import Interval
 from ...claims import DSWAG_PAPER, Claim
-from ...formats import LABELS, pct, win_count
-from ...inputs import PredictorResult, ReportInputs, SweepPoint
-from ...sigma_curves import FLAT_TOLERANCE, flat_range
-from ...stats import accuracy_interval
-from ...uncertainty import Comparison, Uncertainty, compute
+from ...formats import pct, win_count
+from ...inputs import ReportInputs, SweepPoint
+from ...sigma_curves import FLAT_TOLERANCE, SigmaCurve, flat_range
+from ...uncertainty import Uncertainty, compute
+from .differences import compare, sweep_holds, upper
 from .measures import (
     COLLAPSE_DROP,
     NO_VARIANCE,
@@ -47,107 +39,33 @@ from .measures import (
 _NLL_ACC = ("nll", "accuracy")
 
 
-UNPAIRED = "no paired per-point predictions"
-
-
-def _difference(
-    metric: str,
-    ours: float,
-    theirs: float,
-    interval: Interval | None,
-    n: int | None = None,
-    extra: str = "",
-) -> tuple[str | None, str]:
-    """``ours - theirs`` with its interval: ('better', 'worse' or 'within noise', text).
-
-    The paired ``interval`` where there is one; otherwise, for accuracy, the
-    unpaired binomial one over ``n`` points; otherwise no verdict (None), and
-    the text says why.
-    """
-    acc = metric == "accuracy"
-    label = LABELS[metric]
-    if not (math.isfinite(ours) and math.isfinite(theirs)):
-        return None, f"{label} missing"
-    scale, digits, unit = (100.0, 2, " pp") if acc else (1.0, 4, "")
-
-    def signed(v: float) -> str:
-        return f"{scale * v:+.{digits}f}"
-
-    values = f"{pct(ours)} vs {pct(theirs)}" if acc else f"{ours:.4f} vs {theirs:.4f}"
-    text = f"{label} {values} ("
-    if interval is not None:
-        low, high, verdict = interval.low, interval.high, interval.verdict()
-        level = f"{100 * interval.level:g}%"
-        text += f"{signed(interval.diff)}{unit}, paired bootstrap {level} interval"
-    elif acc and n:
-        low, high = accuracy_interval(ours, theirs, n)
-        verdict = "better" if low > 0 else "worse" if high < 0 else "within noise"
-        text += f"{signed(ours - theirs)}{unit}, unpaired binomial 95% interval"
-        extra = UNPAIRED
-    else:
-        why = "test size unknown" if acc else UNPAIRED
-        return None, f"{text}{signed(ours - theirs)}{unit}, no interval: {why})"
-    text += f" {signed(low)} to {signed(high)}{unit}" + (f", {extra}" if extra else "")
-    word = "higher" if low > 0 else "lower" if high < 0 else "includes 0, not shown to differ"
-    return verdict, f"{text}: {word})"
-
-
-def _compare(
-    comp: Comparison | None,
-    metric: str,
-    cand: PredictorResult,
-    ref: PredictorResult,
-    n: int | None = None,
-) -> tuple[str | None, str]:
-    """``_difference`` of cand - ref, with the paired interval (and McNemar's p) if any."""
-    interval = comp.intervals[metric] if comp is not None else None
-    extra = f"McNemar p = {comp.mcnemar_p:.2g}" if comp is not None and metric == "accuracy" else ""
-    return _difference(metric, cand.metric(metric), ref.metric(metric), interval, n, extra)
-
-
-def _upper(text: str) -> str:
-    """The text with its first letter upper-case, to open a sentence of evidence."""
-    return text[:1].upper() + text[1:]
-
-
-def _holds(verdicts: Sequence[str]) -> bool | None:
-    """A sweep claim from ``_steps`` verdicts: True when every checked one holds at every
-    step, False when every one does not hold, else (mixed, partial, unchecked) None."""
-    checked = [v for v in verdicts if not v.startswith("cannot be checked")]
-    if not checked:
-        return None
-    if all(v.startswith("holds at every step") for v in checked):
-        return True
-    if all(v.startswith("does not hold") for v in checked):
-        return False
-    return None
-
-
 def _claim_b(inputs: ReportInputs, roles: DswagRoles | None, unc: Uncertainty) -> Claim:
     """On the dswag trajectory: holds when NLL is lower and accuracy shown higher, does
     not when neither; paired intervals decide both where there are predictions."""
     statement = "(b) DSWAG improves on its own FedAvg model (NLL, accuracy)"
     if roles is None or roles.dswag is None or roles.fedavg is None:
         why = "Cannot be checked: no DSWAG and FedAvg predictors on a dswag trajectory."
-        return Claim(DSWAG_PAPER, statement, None, why)
+        return Claim(DSWAG_PAPER, statement, None, why, "n/a (no DSWAG and FedAvg)")
     d, f = roles.dswag, roles.fedavg
     comp = unc.comparison(f.name, d.name)
-    nll, nll_text = _compare(comp, "nll", d, f)
-    acc, acc_text = _compare(comp, "accuracy", d, f, test_size(inputs, d))
+    nll = compare(comp, "nll", d, f)
+    acc = compare(comp, "accuracy", d, f, test_size(inputs, d))
+    nll_text, acc_text, number = nll.text, acc.text, f"{nll.number}; {acc.number}"
     ours, theirs = d.metric("nll"), f.metric("nll")
     if not (math.isfinite(ours) and math.isfinite(theirs)):
-        return Claim(DSWAG_PAPER, statement, None, f"{d.name} vs {f.name}: {nll_text}; {acc_text}.")
-    nll_better = nll == "better" if comp is not None else ours < theirs
-    shown = acc == "better"
+        why = f"{d.name} vs {f.name}: {nll_text}; {acc_text}."
+        return Claim(DSWAG_PAPER, statement, None, why, number)
+    nll_better = nll.verdict == "better" if comp is not None else ours < theirs
+    shown = acc.verdict == "better"
     holds = True if nll_better and shown else False if not (nll_better or shown) else None
     verdict = {True: "holds", False: "does not hold"}.get(holds) or (
         "holds for NLL only" if nll_better else "holds for accuracy only"
     )
     evidence = (
-        f"{_upper(verdict)} on trajectory {roles.trajectory} ({d.name} vs {f.name}): "
+        f"{upper(verdict)} on trajectory {roles.trajectory} ({d.name} vs {f.name}): "
         f"{nll_text}; {acc_text}."
     )
-    return Claim(DSWAG_PAPER, statement, holds, evidence)
+    return Claim(DSWAG_PAPER, statement, holds, evidence, number)
 
 
 def _claim_b_sweep(inputs: ReportInputs) -> Claim | None:
@@ -161,7 +79,7 @@ def _claim_b_sweep(inputs: ReportInputs) -> Claim | None:
         for p in inputs.dswag_sweep
         if all(math.isfinite(p.metric(k, m)) for k in ("dswag", "fedavg") for m in _NLL_ACC)
     ]
-    parts, holds = [], None
+    parts, holds, number = [], None, "n/a (no W has both predictors)"
     if rows:
         n = test_size(inputs)
         nll = [p for p in rows if p.metric("dswag", "nll") < p.metric("fedavg", "nll")]
@@ -179,6 +97,7 @@ def _claim_b_sweep(inputs: ReportInputs) -> Claim | None:
             + " (the sweep keeps no per-point predictions)"
         )
         both = [p for p in nll if p in shown]
+        number = f"NLL lower at {len(nll)}, accuracy shown higher at {len(shown)} of {len(rows)} W"
         holds = True if len(both) == len(rows) else False if not (nll or shown) else None
     skipped = [p for p in inputs.dswag_sweep if no_variance(p)]
     if skipped:
@@ -188,7 +107,7 @@ def _claim_b_sweep(inputs: ReportInputs) -> Claim | None:
         why = "cannot be checked: no worker count has DSWAG's and FedAvg's NLL and accuracy"
         parts.insert(0, why)
     text = "; ".join(parts)
-    return Claim(DSWAG_PAPER, statement, holds, _upper(text) + ".")
+    return Claim(DSWAG_PAPER, statement, holds, upper(text) + ".", number)
 
 
 def _claim_c(inputs: ReportInputs, roles: DswagRoles, unc: Uncertainty) -> list[Claim]:
@@ -203,26 +122,27 @@ def _claim_c(inputs: ReportInputs, roles: DswagRoles, unc: Uncertainty) -> list[
             "Cannot be checked: needs a swag predictor on the dswag trajectory and one on a "
             "trajectory that starts from it."
         )
-        return [Claim(DSWAG_PAPER, statement, None, why)]
+        return [Claim(DSWAG_PAPER, statement, None, why, "n/a (no DSWAG and SWAG baseline)")]
     d, b = roles.dswag, roles.baseline
     keys = ("ece", "nll", "accuracy", "brier")
     if not all(math.isfinite(p.metric(k)) for p in (d, b) for k in ("ece", "nll")):
-        found = [Claim(DSWAG_PAPER, statement, None, win_count(d, b, keys) + ".")]
+        evidence = win_count(d, b, keys) + "."
+        found = [Claim(DSWAG_PAPER, statement, None, evidence, "n/a (ECE or NLL missing)")]
     else:
         comp = unc.comparison(b.name, d.name)
         n = test_size(inputs, d)
-        diffs = {k: _compare(comp, k, d, b, n) for k in keys}
+        diffs = {k: compare(comp, k, d, b, n) for k in keys}
         if comp is None:
             calibrated: bool | None = d.metric("ece") < b.metric("ece")
         else:
-            calibrated = {"better": True, "worse": False}.get(diffs["ece"][0] or "")
+            calibrated = {"better": True, "worse": False}.get(diffs["ece"].verdict or "")
         phrase = {True: "holds", False: "does not hold", None: "is not shown"}[calibrated]
         evidence = (
             f"{d.name} vs {b.name}: better calibration {phrase}; "
-            + "; ".join(text for _, text in diffs.values())
+            + "; ".join(diff.text for diff in diffs.values())
             + "."
         )
-        found = [Claim(DSWAG_PAPER, statement, calibrated, evidence)]
+        found = [Claim(DSWAG_PAPER, statement, calibrated, evidence, diffs["ece"].number)]
     conf = [mean_confidence(p) for p in (d, b)]
     if conf[0] is not None and conf[1] is not None:
         found.append(
@@ -231,9 +151,15 @@ def _claim_c(inputs: ReportInputs, roles: DswagRoles, unc: Uncertainty) -> list[
                 "(c') DSWAG gives more confident predictions than SWAG (the paper's conclusion)",
                 conf[0][0] > conf[1][0],
                 f"{confidence_text(d)}; {confidence_text(b)}.",
+                f"mean confidence {pct(conf[0][0])} vs {pct(conf[1][0])}",
             )
         )
     return found
+
+
+def _rounds(point: SweepPoint) -> str:
+    """Rounds to the target, or '> rounds run' when it was not reached."""
+    return f"> {point.rounds}" if point.rounds_to_target is None else str(point.rounds_to_target)
 
 
 def _claim_a(sweep: list[SweepPoint]) -> list[Claim]:
@@ -246,8 +172,9 @@ def _claim_a(sweep: list[SweepPoint]) -> list[Claim]:
     rounds = Claim(
         DSWAG_PAPER,
         "(a) More workers need more phase-1 rounds to reach the target (the paper's Fig. 5 left)",
-        _holds([verdict]),
+        sweep_holds([verdict]),
         f"Rounds until the global model's train accuracy >= {pct(target)}: {listing}; {verdict}.",
+        "rounds to target: " + ", ".join(f"{w_label(p)} {_rounds(p)}" for p in sweep),
     )
     final = [p.metric("fedavg", "accuracy") for p in sweep]
     verdict, listing = steps(sweep, final, False, pct)
@@ -255,8 +182,9 @@ def _claim_a(sweep: list[SweepPoint]) -> list[Claim]:
         DSWAG_PAPER,
         "(a') With more workers phase 1 ends at a lower test accuracy (the paper: 'reaches "
         "suboptimal solutions')",
-        _holds([verdict]),
+        sweep_holds([verdict]),
         f"FedAvg model's test accuracy: {listing}; {verdict}.",
+        f"test accuracy {listing}" if listing else "n/a (no FedAvg test accuracy)",
     )
     return [rounds, ending]
 
@@ -271,6 +199,15 @@ def _at_each_w(holding: list[SweepPoint], varied: int) -> tuple[str, bool | None
     if holding:
         return f"holds at {', '.join(w_label(p) for p in holding)} only", None
     return "does not hold at any W", False
+
+
+def _at_count(
+    holding: list[SweepPoint], varied: list[tuple[SweepPoint, SigmaCurve]], what: str
+) -> str:
+    """The deciding number of a claim checked at each W with a variance: at how many."""
+    if not varied:
+        return "n/a (no W with a variance)"
+    return f"{what} at {len(holding)} of {len(varied)} W"
 
 
 def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
@@ -289,7 +226,7 @@ def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
     )
     both = [p for p in flat_m if p in collapsed]
     verdict, holds = _at_each_w(both, len(varied))
-    evidence = _upper(verdict) + (f": {per_w}." if per_w else ".")
+    evidence = upper(verdict) + (f": {per_w}." if per_w else ".")
     flat = [p for p, c in curves if not has_variance(p, c)]
     if flat:
         listed = ", ".join(f"{w_label(p)} ({snapshots_text(p)})" for p in flat)
@@ -305,6 +242,7 @@ def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
             f"(falls more than {100 * COLLAPSE_DROP:g} pp) for large m",
             holds,
             evidence,
+            _at_count(both, varied, "flat, then collapses"),
         )
     ]
     still_flat = [p for p, c in varied if (r := flat_range(c)) is not None and r >= top]
@@ -316,12 +254,13 @@ def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
             "(d') The paper's Fig. 6: accuracy stays almost flat up to m = 100"
             + ("" if top == 100 else f" (here up to m = {top:g})"),
             holds,
-            _upper(flat_text)
+            upper(flat_text)
             + (
                 f"; within {100 * FLAT_TOLERANCE:g} pp of m = 0 up to: {reaches}."
                 if reaches
                 else "."
             ),
+            _at_count(still_flat, varied, f"flat to m = {top:g}"),
         )
     )
     reach = [float(r) if (r := flat_range(c)) is not None else math.nan for _, c in varied]
@@ -335,12 +274,13 @@ def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
             DSWAG_PAPER,
             "(d'') More workers, less robust to the perturbation (the paper: 'as we increase "
             "the number of workers, the performance drops')",
-            _holds([verdict, far_verdict, top_verdict]),
+            sweep_holds([verdict, far_verdict, top_verdict]),
             f"By the multiple m up to which the accuracy stays within "
             f"{100 * FLAT_TOLERANCE:g} pp: {verdict} ({listing}). By that range as a distance "
             f"m ||sigma|| from theta_bar (sigma differs by W, so the same m is a different "
             f"distance): {far_verdict} ({far_listing}). By the accuracy at m = {top:g}: "
             f"{top_verdict} ({top_listing}).",
+            f"flat up to: {listing}" if listing else "n/a (no W with a variance)",
         )
     )
     return found
@@ -349,12 +289,20 @@ def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
 def _claim_e(sweep: list[SweepPoint]) -> list[Claim]:
     if not sweep:
         return []
-    parts, verdicts = [], []
+    parts, verdicts, ends = [], [], []
     for key, label in reversed(SWEEP_PREDICTORS):
         values = [p.metric(key, "nll") for p in sweep]
         verdict, listing = steps(sweep, values, True, lambda v: f"{v:.4f}")
         parts.append(f"{label}: {verdict} ({listing or 'no values'})")
         verdicts.append(verdict)
+        known = [(p, v) for p, v in zip(sweep, values, strict=True) if math.isfinite(v)]
+        if len(known) >= 2:
+            (first, a), (last, b) = known[0], known[-1]
+            span = first is not sweep[0] or last is not sweep[-1]
+            ends.append(
+                f"{label} {a:.4f} → {b:.4f}"
+                + (f" ({w_label(first)} → {w_label(last)})" if span else "")
+            )
     missing = [p for p in sweep if p.metrics.get("dswag") is None]
     note = (
         f"; DSWAG has no value at {', '.join(w_label(p) for p in missing)} ({NO_VARIANCE})"
@@ -365,8 +313,11 @@ def _claim_e(sweep: list[SweepPoint]) -> list[Claim]:
         Claim(
             DSWAG_PAPER,
             "(e) The test NLL increases with the number of workers (the paper's Fig. 7, MNIST)",
-            _holds(verdicts),
+            sweep_holds(verdicts),
             "; ".join(parts) + note + ".",
+            f"NLL {w_label(sweep[0])} → {w_label(sweep[-1])}: " + ", ".join(ends)
+            if ends
+            else "n/a (fewer than 2 W with NLL)",
         )
     ]
 

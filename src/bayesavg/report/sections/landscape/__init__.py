@@ -19,7 +19,7 @@ from ...blocks import (
     claim_bullets,
     figure,
 )
-from ...claims import FLAT_PAPER, SWA_PAPER, Claim
+from ...claims import DSWAG_PAPER, FLAT_PAPER, SWA_PAPER, Claim
 from ...formats import fmt_or_dash
 from ...inputs import ReportInputs
 from ...sigma_curves import FLAT_TOLERANCE, flat_range, sigma_curve_of
@@ -35,7 +35,7 @@ from .measures import (
     ray_widths,
 )
 
-DSWAG = "DSWAG (Kiriti et al.)"
+DSWAG = DSWAG_PAPER
 
 
 NO_LANDSCAPE = "no landscape analysis was run"
@@ -45,17 +45,15 @@ def _line_claims(inputs: ReportInputs) -> list[Claim]:
     statement = "SGD ends at the edge of the basin on the line SGD → SWA, SWA near its centre"
     lines = inputs.landscape.lines if inputs.landscape is not None else {}
     if not lines:
-        return [Claim(SWA_PAPER, statement, None, f"No line was computed: {NO_LANDSCAPE}.")]
+        why = f"No line was computed: {NO_LANDSCAPE}."
+        return [Claim(SWA_PAPER, statement, None, why, "n/a (no landscape)")]
     out = []
     for name, line in sorted(lines.items()):
         m = line_minimum(line)
         label = f"{statement} ({name}: {line.a} → {line.b})"
         if m is None:
-            out.append(
-                Claim(
-                    SWA_PAPER, label, None, f"The line {name} has no t = 0 with a point after it."
-                )
-            )
+            why = f"The line {name} has no t = 0 with a point after it."
+            out.append(Claim(SWA_PAPER, label, None, why, "n/a (no t = 0)"))
             continue
         slope = "falls" if m.on_slope else "does not fall"
         text = (
@@ -64,7 +62,11 @@ def _line_claims(inputs: ReportInputs) -> list[Claim]:
             f"t = {m.t_next:g}. Rule: holds if the minimum lies at t > 0.5 and t = 0 is on a "
             "slope; undecided if the minimum is the grid's last t (the loss still falls beyond b)."
         )
-        out.append(Claim(SWA_PAPER, label, edge_verdict(m), text))
+        number = (
+            f"loss minimum at t = {m.t_min:g}; {m.loss_at_0:.4g} at t = 0 → "
+            f"{m.loss_next:.4g} at t = {m.t_next:g}"
+        )
+        out.append(Claim(SWA_PAPER, label, edge_verdict(m), text, number))
     return out
 
 
@@ -83,11 +85,12 @@ def _width_claims(inputs: ReportInputs) -> list[Claim]:
         if narrow not in rays or wide not in rays:
             if paper == SWA_PAPER:
                 reason = NO_LANDSCAPE if not rays else f"rays from {narrow} and {wide} missing"
-                out.append(Claim(paper, statement, None, f"No widths: {reason}."))
+                out.append(Claim(paper, statement, None, f"No widths: {reason}.", "n/a (no rays)"))
             continue
         c = compare_widths(rays[narrow], rays[wide])
         if c is None:
-            out.append(Claim(paper, statement, None, "No ray widths were recorded."))
+            why = "No ray widths were recorded."
+            out.append(Claim(paper, statement, None, why, "n/a (no widths)"))
             continue
         censored = f"; {c.censored} width(s) beyond the grid count as its end" if c.censored else ""
         text = (
@@ -96,7 +99,11 @@ def _width_claims(inputs: ReportInputs) -> list[Claim]:
             f"{c.directions} shared directions{censored}. Rule: holds if wider on average and in "
             "most directions."
         )
-        out.append(Claim(paper, statement, c.verdict, text))
+        number = (
+            f"mean width {c.mean_wide:.3g} vs {c.mean_narrow:.3g}; wider in {c.wider} of "
+            f"{c.directions}"
+        )
+        out.append(Claim(paper, statement, c.verdict, text, number))
     return out
 
 
@@ -108,16 +115,19 @@ def _sigma_claims(inputs: ReportInputs) -> list[Claim]:
         c = sigma_curve_of(s.sigma_distance)
         reach = flat_range(c) if c is not None else None
         if c is None or reach is None:
-            out.append(Claim(DSWAG, f"{statement} ({traj})", None, "No m = 0 row to compare with."))
+            why = "No m = 0 row to compare with."
+            out.append(Claim(DSWAG, f"{statement} ({traj})", None, why, "n/a (no m = 0 row)"))
             continue
         text = (
             f"{traj}: mean accuracy {100 * c.mean[0]:.2f}% at m = 0 stays within "
             f"{100 * FLAT_TOLERANCE:g} pp up to m = {reach:g}; {100 * c.mean[-1]:.2f}% at "
             f"m = {c.multiples[-1]:g} (||sigma|| {c.sigma_norm:.3g})."
         )
-        out.append(Claim(DSWAG, f"{statement} ({traj})", flat_verdict(c, reach), text))
+        number = f"flat to m = {reach:g} (grid to m = {c.multiples[-1]:g})"
+        out.append(Claim(DSWAG, f"{statement} ({traj})", flat_verdict(c, reach), text, number))
     if not out:
-        out.append(Claim(DSWAG, statement, None, f"No SWAG sigma-distance rows: {NO_LANDSCAPE}."))
+        why = f"No SWAG sigma-distance rows: {NO_LANDSCAPE}."
+        out.append(Claim(DSWAG, statement, None, why, "n/a (no landscape)"))
     return out
 
 

@@ -67,6 +67,7 @@ def _shift_claim(inputs: ReportInputs, gaps: list[ShiftGap]) -> Claim:
             statement,
             None,
             "No rotation metrics for the baseline and a Bayesian predictor.",
+            "n/a (no rotation metrics)",
         )
     best = min(gaps, key=lambda g: (-large_gap(g), g.predictor))
     zero = best.gap[0] if best.angles[0] == 0 else math.nan
@@ -76,16 +77,17 @@ def _shift_claim(inputs: ReportInputs, gaps: list[ShiftGap]) -> Claim:
         f"≥ {LARGE_ANGLE:g}°"
     )
     if best.growth is None:
-        return Claim(
-            BMA_PAPER, statement, None, text + "; no per-point predictions, so no interval."
-        )
+        why = text + "; no per-point predictions, so no interval."
+        number = f"mean gap ≥ {LARGE_ANGLE:g}° {large_gap(best):+.4f}, no CI"
+        return Claim(BMA_PAPER, statement, None, why, number)
     g = best.growth
     verdicts = [growth_verdict(x) for x in gaps]
     counts = f"{verdicts.count(True)} of {len(gaps)} Bayesian predictors grow beyond noise"
     text += (
         f"; growth {g.value:+.4f} [95% {g.low:+.4f}, {g.high:+.4f}] (paired bootstrap); {counts}."
     )
-    return Claim(BMA_PAPER, statement, growth_verdict(best), text)
+    number = f"gap growth {g.value:+.4f} [{g.low:+.4f}, {g.high:+.4f}] ({best.predictor})"
+    return Claim(BMA_PAPER, statement, growth_verdict(best), text, number)
 
 
 def _shift_table(inputs: ReportInputs) -> Table | None:

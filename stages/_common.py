@@ -260,6 +260,7 @@ def tracked(
         **source_tags(sys.argv[0], commit),
         "git_commit": commit,
         "dvc_stage": os.environ.get("DVC_STAGE") or stage,
+        "seed": str(p.seed),
         "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
         "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
         "command": " ".join(sys.argv),

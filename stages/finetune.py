@@ -4,7 +4,8 @@ Resumable: a checkpoint under checkpoints/ (every `checkpoint.every` epochs)
 lets a killed run continue where it stopped, logging into the same MLflow
 run; it is deleted once the outputs are written. A distributed SWAG
 trajectory (`kind: dswag`) runs on `BAYESAVG_NPROC` processes through
-torchrun (default 1: this process); its rank 0 tracks and writes. Every other
+torchrun (default 1: this process); its rank 0 tracks and writes. A Laplace
+approximation (`kind: laplace`) trains nothing: it fits the start's last layer. Every other
 kind runs data-parallel on those processes (each rank a share of every batch;
 ensemble members spread across ranks), resumable under the same count.
 """
@@ -30,7 +31,7 @@ from bayesavg.runtime.errors import UserError
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
-    from bayesavg.config import DSWAGTrajectory
+    from bayesavg.config import DSWAGTrajectory, LaplaceTrajectory
     from bayesavg.data import load_prepared
     from bayesavg.dswag import finetune_dswag
     from bayesavg.posteriors.file import load_posterior, save_posterior
@@ -49,6 +50,7 @@ def run() -> None:
     start_file = Path("models") / p.finetune[name].start / "posterior.pt"
     device = local_device(resolve_device(p.device))
     distributed = isinstance(p.finetune[name], DSWAGTrajectory)
+    laplace = isinstance(p.finetune[name], LaplaceTrajectory)
 
     def work(prepared, start, ckpt=None):
         if distributed:
@@ -63,7 +65,9 @@ def run() -> None:
     if delegated(lambda: work(load_prepared(PREPARED), load_posterior(start_file))):
         return
     inputs = [MANIFEST, start_file]
-    ckpt = None if distributed else stage_checkpoint(stage, p, {"finetune": traj}, inputs)
+    ckpt = (
+        None if distributed or laplace else stage_checkpoint(stage, p, {"finetune": traj}, inputs)
+    )
     logged = {"trajectory": name, "finetune": traj}
     resume = ckpt.meta.get("run_id") if ckpt else None
     with tracked(stage, p, logged, inputs, resume=resume) as mlrun:

@@ -16,6 +16,7 @@ from bayesavg.report import (
     PredictorResult,
     RayData,
     ReportInputs,
+    SeedRun,
     SwagDirections,
     SweepPoint,
     pair_predictors,
@@ -23,6 +24,7 @@ from bayesavg.report import (
 )
 
 OUT = Path("reports")
+SEED_METRICS = ("accuracy", "nll", "ece", "brier")
 PLANES = Path("plots/plane")
 SWEEP_METRICS = Path("metrics/dswag_sweep")
 SWEEP_PLOTS = Path("plots/dswag_sweep")
@@ -118,6 +120,29 @@ def _predictions(file: Path) -> Predictions | None:
     )
 
 
+def _seeds(p: Params, predictors: list[PredictorResult]) -> list[SeedRun]:
+    """Every seed's test results: the pipeline's own from its predictors, every other
+    seed's from ``seeds/<s>/results`` (written by evaluate_seed@<s>)."""
+    import numpy as np
+
+    found = []
+    for seed in p.seeds:
+        root = Path("seeds") / str(seed) / "results"
+        if (root / "pipeline.json").is_file():
+            own = {r.name: {k: r.metric(k) for k in SEED_METRICS} for r in predictors}
+            found.append(SeedRun(seed, own))
+            continue
+        metrics = json.loads((root / "metrics.json").read_text())["test"]
+        npz = root / "predictions.npz"
+        arrays: dict[str, np.ndarray] = {}
+        if npz.is_file():
+            with np.load(npz, allow_pickle=False) as loaded:
+                arrays = {key: loaded[key] for key in loaded.files}
+        y = arrays.pop("y", None)
+        found.append(SeedRun(seed, metrics, arrays, y))
+    return found
+
+
 def _landscape(p: Params) -> Landscape | None:
     """Every landscape analysis the listed stages have written; None if none has."""
     land = p.evaluate.landscape
@@ -175,6 +200,7 @@ def tracked_runs(p: Params) -> list[str]:
         *(f"line@{n}" for n in land.lines),
         *(f"rays@{c}" for c in land.rays.centres),
         *(f"swag_directions@{t}" for t in land.swag.trajectories),
+        *(f"{step}_seed@{s}" for s in p.seeds for step in ("finetune", "evaluate")),
         "report",
     ]
 
@@ -216,6 +242,7 @@ def run() -> None:
         planes=_planes(p),
         dswag_sweep=_sweep(p),
         landscape=_landscape(p),
+        seeds=_seeds(p, predictors),
         dataset_summary={
             "dataset": manifest["dataset"],
             **{s: manifest["splits"][s]["n"] for s in ("train", "val", "test")},

@@ -83,6 +83,9 @@ def small_params(epochs: int, pretrain_epochs: int, members: int) -> dict[str, A
             traj["phase1"]["rounds"] = epochs
             traj["phase2"].update(epochs=2, snapshots_per_client=2)
             continue
+        if traj.get("kind") == "laplace":  # trains nothing: one fit over the training split
+            traj["batch_size"] = 512
+            continue
         traj.update(epochs=epochs, batch_size=256)
         traj["schedule"]["cycle_length"] = 5
         if "collect" in traj:

@@ -361,7 +361,7 @@ def test_user_errors_exit_2_with_one_line(
     posterior, predictor, data = tiny_posteriors.swag, "map", f"imagefolder:{imagefolder}"
     extra: list[str] = []
     if case == "unknown_predictor":
-        predictor = "laplace"
+        predictor = "deep_kernel"
     elif case == "zero_samples":
         extra = ["--samples", "0"]
     elif case == "missing_posterior":

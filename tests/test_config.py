@@ -52,6 +52,13 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
     [
         ("seed", -1, "seed: Input should be greater than or equal to 0"),
         ("seed", "0", "seed: Input should be a valid integer"),
+        ("seeds", [1, 2], "seeds: [1, 2] must list the pipeline's seed (0)"),
+        ("seeds", [0, 1, 1], "and no seed twice"),
+        ("finetune.laplace.start", "init", "a Laplace approximation needs one trained network"),
+        ("finetune.laplace.start", "ensemble", "needs one trained network (pretrain or a"),
+        ("finetune.laplace.prior_precision", 0.0, "finetune.laplace.prior_precision"),
+        ("finetune.laplace.epochs", 3, "unknown key 'finetune.laplace.epochs'"),
+        ("finetune.multiswag.collect", None, "multiswa needs SWAG snapshots of every ensemble"),
         ("device", "tpu", "device: 'tpu' is not one of auto, cpu, cuda, cuda:N"),
         ("data.dataset", "imagenet", "data.dataset: unknown 'imagenet'"),
         ("data.val_fraction", 1.5, "data.val_fraction: Input should be less than 1"),

@@ -31,7 +31,18 @@ from stage_deps import covered
 from bayesavg.methods import REGISTRY
 
 ENSEMBLE_MEMBERS = 2
-KEPT_TRAJECTORIES = ("swag", "vi", "hwa", "mc_dropout", "ensemble", "sgld", "dswag")
+KEPT_TRAJECTORIES = (
+    "swag",
+    "vi",
+    "hwa",
+    "mc_dropout",
+    "ensemble",
+    "multiswag",
+    "sgld",
+    "dswag",
+    "laplace",
+)
+SEEDS = [0, 1]
 PREDICTORS = {
     "map": {"trajectory": "mc_dropout", "method": "map"},
     "mc_dropout": {"trajectory": "mc_dropout", "method": "mc_dropout"},
@@ -43,6 +54,10 @@ PREDICTORS = {
     "hwa_mf": {"trajectory": "hwa", "method": "hwa_mf"},
     "hwa_rho": {"trajectory": "hwa", "method": "hwa_rho"},
     "ensemble": {"trajectory": "ensemble", "method": "ensemble"},
+    "multiswa": {"trajectory": "multiswag", "method": "multiswa"},
+    "multiswag": {"trajectory": "multiswag", "method": "multiswag", "scale": 0.5},
+    "laplace": {"trajectory": "laplace", "method": "laplace"},
+    "laplace_mc": {"trajectory": "laplace", "method": "laplace_mc"},
     "sgld": {"trajectory": "sgld", "method": "sgld"},
     "dswag": {"trajectory": "dswag", "method": "swag", "scale": 0.5},
 }
@@ -58,6 +73,7 @@ RUNS = {
     "pretrain",
     "init",
     "report",
+    *(f"{step}_seed@{s}" for s in SEEDS for step in ("finetune", "evaluate")),
     *(f"finetune@{t}" for t in KEPT_TRAJECTORIES),
     *(f"evaluate@{p}" for p in PREDICTORS),
     *(f"plane@{t}" for t in PLANES),
@@ -74,11 +90,19 @@ STAGES = {
     "report",
     "dswag_sweep",
     "landscape",
+    *(f"{step}_seed@{s}" for s in SEEDS for step in ("finetune", "evaluate")),
     *(f"finetune@{t}" for t in KEPT_TRAJECTORIES),
     *(f"evaluate@{spec['trajectory']}" for spec in PREDICTORS.values()),
 }
 # The runs `-S evaluate.predictors.swag.swag.scale=...` makes: its trajectory's predictors.
-SWAG_RUNS = {"evaluate@swa", "evaluate@swag_diag", "evaluate@swag", "report"}
+# With it, every seed's predictions (the pipeline's own: its marker), not its training.
+SWAG_RUNS = {
+    "evaluate@swa",
+    "evaluate@swag_diag",
+    "evaluate@swag",
+    *(f"evaluate_seed@{s}" for s in SEEDS),
+    "report",
+}
 
 
 def dvc_stage(run: str) -> str:
@@ -117,18 +141,20 @@ def tiny_params() -> dict[str, Any]:
     one trajectory of each kind (swag with SAM) and a predictor of every method."""
     raw = default_params()
     raw["device"] = "cpu"
+    raw["seeds"] = SEEDS
     raw["model"] = {"name": "mlp", "hidden": [32], "batch_norm": True}
     raw["pretrain"]["epochs"] = 1
     raw["pretrain"]["members"] = ENSEMBLE_MEMBERS
     raw["finetune"] = {k: raw["finetune"][k] for k in KEPT_TRAJECTORIES}
     raw["finetune"]["swag"]["sam_rho"] = 0.05
+    raw["finetune"]["laplace"].update(start="mc_dropout", batch_size=512)
     dswag = raw["finetune"]["dswag"]
     dswag.update(clients=3, batch_size=128, max_rank=5)
     dswag["phase1"]["rounds"] = 2
     dswag["phase2"].update(epochs=2, snapshots_per_client=2)
     raw["evaluate"]["dswag_sweep"].update(workers=SWEEP, rounds=2, sigma_draws=2)
     for traj in raw["finetune"].values():
-        if traj.get("kind") == "dswag":
+        if traj.get("kind") in ("dswag", "laplace"):
             continue
         traj["epochs"] = 2
         traj["batch_size"] = 256
@@ -185,7 +211,7 @@ def test_params_cover_every_method_and_kind() -> None:
     assert {p["method"] for p in PREDICTORS.values()} == set(REGISTRY)
     assert grouped(PREDICTORS) == raw["evaluate"]["predictors"]
     kinds = {t.get("kind", "sgd") for t in raw["finetune"].values()}
-    assert kinds == {"sgd", "vi", "hwa", "ensemble", "sgld", "dswag"}
+    assert kinds == {"sgd", "vi", "hwa", "ensemble", "sgld", "dswag", "laplace"}
     assert any(t.get("sam_rho", 0) > 0 for t in raw["finetune"].values())
 
 
@@ -209,7 +235,10 @@ def test_outputs(repo: Path) -> None:
         assert {"accuracy", "nll", "ece", "ece15", "brier", "n"} <= set(metrics)
         assert metrics["n"] == 1000
         assert 0.5 < metrics["accuracy"] <= 1, pred
-        expected = {"map": 1, "swa": 1, "ensemble": ENSEMBLE_MEMBERS}.get(spec["method"], 3)
+        m = ENSEMBLE_MEMBERS
+        expected = {"map": 1, "swa": 1, "laplace": 1, "ensemble": m, "multiswa": m}
+        expected["multiswag"] = 3 * m
+        expected = expected.get(spec["method"], 3)
         assert metrics["n_samples"] == expected, pred
         assert math.isfinite(metrics["sharpness"]) and math.isfinite(metrics["hessian_trace"])
         assert metrics["val"]["n"] == n_val
@@ -227,8 +256,16 @@ def test_outputs(repo: Path) -> None:
     assert torch.equal(pretrained["samples"]["theta"][0], pretrained["theta"])
     for name in KEPT_TRAJECTORIES:
         history = (repo / "plots/finetune" / f"{name}.csv").read_text().splitlines()
+        if name == "laplace":  # nothing trains: the prior precision marglik found
+            assert history[0].split(",") == ["epoch", "prior_precision"] and len(history) == 2
+            continue
         assert "test_accuracy" in history[0].split(",")
         assert len(history) == 1 + 2
+    laplace = torch.load(repo / "models/laplace/posterior.pt", weights_only=True)
+    mc = torch.load(repo / "models/mc_dropout/posterior.pt", weights_only=True)
+    assert torch.equal(laplace["theta"], mc["theta"]) and laplace["laplace"]["n_data"] == n_train
+    multi = torch.load(repo / "models/multiswag/posterior.pt", weights_only=True)
+    assert len(multi["samples"]["collectors"]) == ENSEMBLE_MEMBERS
     ensemble = torch.load(repo / "models/ensemble/posterior.pt", weights_only=True)
     assert ensemble["samples"]["theta"].shape[0] == ENSEMBLE_MEMBERS
     sha = (repo / "models/pretrain/posterior.sha256").read_text().split()[0]
@@ -595,3 +632,36 @@ def test_queued_experiments_in_parallel_get_their_own_parents(repo: Path) -> Non
         assert all(c.data.tags["dvc_exp_name"] == name for c in children.values())
         scale = children["evaluate@swag"].data.params["predictor.scale"]
         assert scale == {"wide": "0.75", "wider": "1.0"}[name]
+
+
+def test_seeds(repo: Path) -> None:
+    """The pipeline's own seed is marked; seed 1 reruns every trajectory and predictor on
+    the same split; the report averages both; changing a predictor reran seed 1's
+    predictions only (test_temp_experiment...), never its training."""
+    for step in ("models", "results"):
+        own = json.loads((repo / "seeds/0" / step / "pipeline.json").read_text())
+        assert own == {"seed": 0, "source": "pipeline"}
+    again = json.loads((repo / "seeds/1/results/metrics.json").read_text())
+    assert again["source"] == "replicate" and set(again["test"]) == set(PREDICTORS)
+    for pred in PREDICTORS:
+        assert again["test"][pred]["n"] == 1000 and 0.5 < again["test"][pred]["accuracy"] <= 1
+    swag = json.loads((repo / files("swag")["metrics"]).read_text())
+    assert again["test"]["swag"]["nll"] != swag["nll"], "seed 1 is another run"
+    own_swag = torch.load(repo / "models/swag/posterior.pt", weights_only=True)
+    seed_swag = torch.load(repo / "seeds/1/models/swag/posterior.pt", weights_only=True)
+    assert not torch.equal(own_swag["theta"], seed_swag["theta"])
+    import numpy as np
+
+    with np.load(repo / "seeds/1/results/predictions.npz") as found:
+        test_y = np.load(repo / files("map")["predictions"])["y"]
+        assert np.array_equal(found["y"], test_y), "every seed predicts the same test images"
+        for pred in PREDICTORS:
+            probs = np.exp(found[pred].astype(np.float64)).sum(1)
+            assert found[pred].shape == (1000, 10) and np.allclose(probs, 1, atol=1e-4)
+    html = (repo / "reports/report.html").read_text()
+    assert "Results over 2 seeds" in html and "mean ± std of 2 seeds (0, 1)" in html
+    by_name = {r.info.run_name: r for r in _stage_runs(_runs(repo))}
+    for step in ("finetune", "evaluate"):
+        assert by_name[f"{step}_seed@1"].data.tags["seed"] == "1"
+        assert by_name[f"{step}_seed@1"].data.params["seed"] == "1"
+    assert by_name["evaluate@swag"].data.tags["seed"] == "0"

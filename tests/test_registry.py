@@ -90,8 +90,8 @@ def test_method_end_to_end(
     splits = {"val": (posterior.model_input(prepared.val.x, CPU), prepared.val.y)}
     scale = params.evaluate.by_name["p"].effective_scale()
     result = evaluate(posterior, name, splits, n_samples=3, scale=scale, bn_x=bn_x, seed=0)["val"]
-    expected = {"one": 1, "members": MEMBERS, "draws": 3}[method.samples]
-    assert result.metrics["n_samples"] == expected
+    expected = {"one": 1, "members": MEMBERS, "draws": 3, "member_draws": MEMBERS * 3}
+    assert result.metrics["n_samples"] == expected[method.samples]
     assert all(math.isfinite(result.metrics[k]) for k in ("accuracy", "nll", "ece", "brier"))
     assert result.metrics["accuracy"] > 0.5
     sharp = centre_sharpness(

@@ -226,9 +226,12 @@ def evaluate(
             if needs_bn:
                 with precision.autocast() if precision else contextlib.nullcontext():
                     update_bn(model, bn_x, batch_size)
-            logp = log_softmax_predictions(
-                model, x_all, batch_size, dropout=sampled.dropout, precision=precision
-            )
+            if sampled.predict is not None:
+                logp = sampled.predict(model, x_all, batch_size)
+            else:
+                logp = log_softmax_predictions(
+                    model, x_all, batch_size, dropout=sampled.dropout, precision=precision
+                )
         return logp if temperature is None else apply_temperature(logp, temperature)
 
     progress = tqdm(

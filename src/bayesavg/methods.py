@@ -22,6 +22,7 @@ PROVIDES = {
     "member_snapshots": "SWAG snapshots of every ensemble member (an ensemble trajectory with "
     "'collect')",
     "samples": "SGLD samples (an sgld trajectory)",
+    "laplace": "a last-layer Laplace posterior (a laplace trajectory)",
 }
 
 # Where sharpness is measured (``bayesavg.sampling.CENTRES``).
@@ -36,8 +37,8 @@ class Method:
 
     ``needs``: what the trajectory must provide (a key of ``PROVIDES``).
     ``default_scale``: the covariance scale when the predictor sets none.
-    ``samples``: "one" (a single network), "members" (all stored networks) or
-    "draws" (``n_samples`` draws).
+    ``samples``: "one" (a single network), "members" (all stored networks),
+    "draws" (``n_samples`` draws) or "member_draws" (``n_samples`` draws per member).
     ``own_buffers``: predict with the file's BatchNorm statistics instead of
     recomputing them for each network (ALGORITHMS §6).
     ``stochastic_dropout``: dropout stays on at prediction time (MC dropout);
@@ -70,7 +71,7 @@ class Method:
             raise ValueError(f"method {self.name}: centre {self.centre!r} is not one of {CENTRES}")
         if self.sigma is not None and self.sigma not in SIGMAS:
             raise ValueError(f"method {self.name}: sigma {self.sigma!r} is not one of {SIGMAS}")
-        if self.samples not in ("one", "members", "draws"):
+        if self.samples not in ("one", "members", "draws", "member_draws"):
             raise ValueError(f"method {self.name}: samples {self.samples!r}")
 
     @property
@@ -163,7 +164,21 @@ REGISTRY: dict[str, Method] = {
             needs="member_snapshots",
             label="MultiSWAG: the equal mixture of S SWAG samples from each member",
             default_scale=0.5,
+            samples="member_draws",
             centre="member_means",
+        ),
+        Method(
+            "laplace",
+            needs="laplace",
+            label="last-layer KFAC Laplace, probit (GLM) predictive",
+            samples="one",
+            own_buffers=True,
+        ),
+        Method(
+            "laplace_mc",
+            needs="laplace",
+            label="last-layer KFAC Laplace, S draws of the last layer",
+            own_buffers=True,
         ),
         Method(
             "sgld",

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from .methods import METHODS, PROVIDES, REGISTRY, Method
 from .models import has_dropout
 from .posteriors import HWA, SWAG
 from .posteriors.file import PosteriorFile
+from .posteriors.last_layer_laplace import LastLayerLaplace
 from .runtime.errors import UserError
 from .training import ieee
 
@@ -31,12 +33,15 @@ class Draws:
     ``draw(s)`` gives the weights of network s (0-based) and its BatchNorm
     buffers, or None to recompute them on training data (ALGORITHMS §6);
     ``count`` fixes S (None: the ``n_samples`` asked for); ``dropout`` keeps
-    dropout layers stochastic at prediction time (MC dropout).
+    dropout layers stochastic at prediction time (MC dropout); ``predict``: a closed-form
+    predictive of the loaded network, (model, inputs, batch size) -> float64
+    log-probabilities, in place of its softmax (the Laplace probit).
     """
 
     draw: Callable[[int], Network]
     count: int | None
     dropout: bool = False
+    predict: Callable[[nn.Module, torch.Tensor, int], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,55 @@ def _multiswag(posterior: PosteriorFile, req: Request) -> Draws:
     return Draws(
         lambda s: (swags[s % m].sample(req.scale, generator=req.generator), None), m * req.n_samples
     )
+
+
+def _laplace(posterior: PosteriorFile, device: torch.device) -> tuple[LastLayerLaplace, str, slice]:
+    """The Laplace posterior, its layer's name, and where that layer's parameters sit in
+    theta (the file's check made sure the layer is the network's last linear one)."""
+    assert posterior.laplace is not None
+    la = LastLayerLaplace.from_state_dict(posterior.laplace, device)
+    layer = posterior.laplace["layer"]
+    offset = 0
+    for name, param in posterior.build_model().named_parameters():
+        if name.rpartition(".")[0] == layer:
+            return la, layer, slice(offset, offset + la.num_params)
+        offset += param.numel()
+    raise UserError(f"trajectory {posterior.trajectory!r}: no layer {layer!r} in the network")
+
+
+@sampler("laplace")
+def _laplace_probit(posterior: PosteriorFile, req: Request) -> Draws:
+    la, name, _ = _laplace(posterior, req.device)
+    network = _own(posterior, req.device)
+
+    @torch.inference_mode()
+    def predict(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+        layer = model.get_submodule(name)
+        found: list[torch.Tensor] = []
+        hook = layer.register_forward_hook(lambda m, inp, out: found.append(inp[0].float()))
+        try:
+            for i in range(0, x.shape[0], batch_size):
+                model(x[i : i + batch_size])
+        finally:
+            hook.remove()
+        return la.log_probs(torch.cat(found), "probit")
+
+    return Draws(lambda s: network, 1, predict=predict)
+
+
+@sampler("laplace_mc")
+def _laplace_mc(posterior: PosteriorFile, req: Request) -> Draws:
+    """The MAP network with its last layer drawn from the Laplace posterior: the GLM and
+    the network predictive coincide, the layer being linear in its parameters."""
+    la, _, where = _laplace(posterior, req.device)
+    theta, buffers = _own(posterior, req.device)
+
+    def draw(s: int) -> Network:
+        drawn = theta.clone()
+        drawn[where] = la.sample(None, req.generator).to(theta.dtype)
+        return drawn, buffers
+
+    return Draws(draw, None)
 
 
 @sampler("sgld")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from ..methods import PROVIDES, REGISTRY
 from ..runtime.errors import UserError
@@ -17,11 +17,20 @@ from .base import _NAME, NonNegInt, _Section
 from .data_model import DataParams, ModelParams
 from .evaluation import EvaluateParams
 from .run import CheckpointParams, ReportParams, TrackingParams
-from .trajectories import STARTS, AnyTrajectory, DSWAGTrajectory, PretrainParams
+from .trajectories import (
+    STARTS,
+    AnyTrajectory,
+    DSWAGTrajectory,
+    LaplaceTrajectory,
+    PretrainParams,
+)
 
 
 class Params(_Section):
     seed: NonNegInt = 0
+    # The seeds the report averages over: ``seed`` is the pipeline's own stages, every
+    # other one a ``replicate@<s>`` stage that reruns every trajectory and predictor.
+    seeds: list[NonNegInt] = Field(default_factory=lambda: [0])
     device: str = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     channels_last: Literal["auto"] | bool = "auto"
@@ -38,6 +47,11 @@ class Params(_Section):
     def _check(self) -> Params:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if self.seed not in self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(
+                f"seeds: {self.seeds} must list the pipeline's seed ({self.seed}), whose "
+                "results are its own stages, and no seed twice"
+            )
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("precision: fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
         for name, traj in self.finetune.items():
@@ -64,6 +78,13 @@ class Params(_Section):
                     )
                 if traj.kind == "hwa" and origin.kind != "vi":
                     raise ValueError(f"finetune.{name}.start: hwa continues a vi trajectory")
+            if traj.kind == "laplace" and (
+                traj.start == "init" or "members" in self._provides(traj.start)
+            ):
+                raise ValueError(
+                    f"finetune.{name}.start: a Laplace approximation needs one trained network "
+                    f"(pretrain or a trajectory that is not an ensemble), not {traj.start!r}"
+                )
         for name in self.evaluate.plane.trajectories:
             traj = self.finetune.get(name)
             if traj is None or not traj.provides() & {"snapshots", "hwa"}:
@@ -108,12 +129,14 @@ class Params(_Section):
                 raise ValueError(
                     f"{key}.method: {pred.method} needs {PROVIDES[method.needs]}, but finetune."
                     f"{pred.trajectory} is kind {traj.kind}"
-                    + ("" if traj.collect is not None else " with no 'collect' section")
+                    + ("" if getattr(traj, "collect", None) else " with no 'collect' section")
                 )
             if pred.scale is not None and not method.has_scale:
                 raise ValueError(
                     f"{key}.scale: {pred.method} has no covariance scale; remove the key"
                 )
+            if isinstance(traj, LaplaceTrajectory):
+                continue
             if isinstance(traj, DSWAGTrajectory):
                 if pred.method == "swag" and traj.snapshots() < 2:
                     raise ValueError(
@@ -162,6 +185,10 @@ class Params(_Section):
                     "snapshot; principal directions need >= 2"
                 )
 
+    def _provides(self, start: str) -> set[str]:
+        traj = self.finetune.get(start)
+        return traj.provides() if traj is not None else {"weights"}
+
     def dropout_of(self, trajectory: str) -> float:
         """The dropout rate a trajectory trains with: its own, its start's, or the model's."""
         traj = self.finetune[trajectory]
@@ -172,7 +199,7 @@ class Params(_Section):
         return self.model.effective_dropout()
 
 
-_TAGS = ("trajectory", "dswag")  # the trajectory union's tags: not keys of params.yaml
+_TAGS = ("trajectory", "dswag", "laplace")  # the trajectory union's tags: not keys of params.yaml
 
 
 def _location(loc: tuple[Any, ...]) -> str:

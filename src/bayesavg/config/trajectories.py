@@ -275,13 +275,34 @@ class DSWAGTrajectory(_Section):
         return {"weights", "snapshots"}
 
 
+class LaplaceTrajectory(_Section):
+    """A last-layer Laplace approximation (``kind: laplace``; Daxberger et al. 2021, the
+    SWAG paper's "SGD + Laplace" baseline) at the final weights of ``start``: a
+    Kronecker-factored (KFAC) Gauss-Newton Hessian of the last linear layer over the
+    training split, fitted with laplace-torch, and the prior precision chosen by
+    maximising the marginal likelihood (``marglik``) or fixed. Nothing trains: the
+    weights are the start's, the posterior file adds the factors."""
+
+    kind: Literal["laplace"]
+    start: Annotated[str, Field(pattern=_NAME)]
+    prior_precision: Literal["marglik"] | PosFloat = "marglik"
+    batch_size: PosInt = 256
+    dropout: None = None  # the start's network, as it is
+
+    def provides(self) -> set[str]:
+        """What predictors can use from this trajectory's posterior file."""
+        return {"weights", "laplace"}
+
+
 def _trajectory_tag(value: Any) -> str:
     kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    return "dswag" if kind == "dswag" else "trajectory"
+    return kind if kind in ("dswag", "laplace") else "trajectory"
 
 
 AnyTrajectory = Annotated[
-    Annotated[Trajectory, Tag("trajectory")] | Annotated[DSWAGTrajectory, Tag("dswag")],
+    Annotated[Trajectory, Tag("trajectory")]
+    | Annotated[DSWAGTrajectory, Tag("dswag")]
+    | Annotated[LaplaceTrajectory, Tag("laplace")],
     Discriminator(_trajectory_tag),
 ]
 STARTS = ("pretrain", "init")  # the stages a trajectory can start from besides trajectories

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .last_layer_laplace import check_state, last_layer_name
+
 Shape = tuple[int | None, ...]
 """An expected tensor shape; None stands for any size (printed as ``k``)."""
 
@@ -254,3 +256,21 @@ def check_samples(value: Any, num_params: int, model_buffers: Mapping[str, torch
         )
     for i, collector in enumerate(collectors):
         check_collector(collector, f"samples.collectors[{i}]", num_params)
+
+
+def check_laplace(value: Any, model: torch.nn.Module) -> None:
+    """A last-layer Laplace state (``posteriors.last_layer_laplace``) whose layer is the
+    model's last linear layer, with its shape."""
+    state = as_block(value, "laplace")
+    layer = last_layer_name(model)
+    if state.get("layer") != layer:
+        raise PosteriorFileError(
+            f"laplace.layer is {_describe(state.get('layer'))}, expected {layer!r} (the "
+            "network's last linear layer)"
+        )
+    found = model.get_submodule(layer)
+    size = sum(p.numel() for p in found.parameters())
+    try:
+        check_state(dict(state), size)
+    except ValueError as err:
+        raise PosteriorFileError(str(err)) from None

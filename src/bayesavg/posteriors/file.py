@@ -29,6 +29,7 @@ from .checks import (
     check_hwa,
     check_input,
     check_int,
+    check_laplace,
     check_samples,
     check_str,
     check_tensor,
@@ -60,6 +61,8 @@ class PosteriorFile:
     # The weights a snapshot-collecting trajectory started from, so the loss
     # plane can show where the run began without reading another stage's file.
     start_theta: torch.Tensor | None = None
+    # A last-layer Laplace posterior at theta (``posteriors.last_layer_laplace`` state: tensors).
+    laplace: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -84,6 +87,8 @@ class PosteriorFile:
             check_tensor(self.start_theta, "start_theta", (num_params,), " (one per parameter)")
         if self.samples is not None:
             check_samples(self.samples, num_params, model_buffers)
+        if self.laplace is not None:
+            check_laplace(self.laplace, model)
         as_block(self.extra, "extra")
 
     def _skeleton(self) -> nn.Module:
@@ -118,6 +123,8 @@ class PosteriorFile:
             out.add("members" if self.samples["buffers"] is not None else "samples")
             if self.samples.get("collectors") is not None:
                 out.add("member_snapshots")
+        if self.laplace is not None:
+            out.add("laplace")
         return out
 
     @property
@@ -156,6 +163,7 @@ class PosteriorFile:
             "hwa": self.hwa,
             "samples": self.samples,
             "start_theta": None if self.start_theta is None else self.start_theta.detach().cpu(),
+            "laplace": self.laplace,
             "extra": self.extra,
         }
 
@@ -184,6 +192,7 @@ class PosteriorFile:
             hwa=d.get("hwa"),
             samples=d.get("samples"),
             start_theta=d.get("start_theta"),
+            laplace=d.get("laplace"),
             extra=d.get("extra", {}),
         )
 

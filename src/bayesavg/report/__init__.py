@@ -15,6 +15,7 @@ from .inputs import (
     PredictorResult,
     RayData,
     ReportInputs,
+    SeedRun,
     SwagDirections,
     SweepPoint,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "PredictorResult",
     "RayData",
     "ReportInputs",
+    "SeedRun",
     "SwagDirections",
     "SweepPoint",
     "pair_predictors",

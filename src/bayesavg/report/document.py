@@ -13,6 +13,7 @@ from .blocks import Block, Heading, Section
 from .inputs import ReportInputs
 from .sections import (
     appendix,
+    baselines,
     calibration,
     comparisons,
     distributed,
@@ -22,6 +23,7 @@ from .sections import (
     ood,
     plane,
     samples,
+    seeds,
     setup,
     sharpness,
     shift,
@@ -33,7 +35,9 @@ from .uncertainty import Uncertainty, compute
 BODY: tuple[Callable[[ReportInputs, Uncertainty], Section], ...] = (
     setup.build,
     metrics.build,
+    seeds.build,
     comparisons.build,
+    baselines.build,
     distributed.build,
     calibration.build,
     samples.build,

@@ -180,6 +180,18 @@ class Landscape:
 
 
 @dataclass(frozen=True)
+class SeedRun:
+    """The pipeline at one seed of ``seeds``: each predictor's test metrics and, for seeds
+    other than the pipeline's own (whose are the predictors' ``predictions``), the
+    per-point test log-probabilities by predictor and the labels."""
+
+    seed: int
+    metrics: dict[str, dict[str, float]]
+    log_probs: dict[str, Any] = field(default_factory=dict)
+    y: Any = None
+
+
+@dataclass(frozen=True)
 class ReportInputs:
     """All report content; ``predictors`` are listed in table order.
 
@@ -204,6 +216,7 @@ class ReportInputs:
     planes: dict[str, PlaneData] = field(default_factory=dict)
     dswag_sweep: list[SweepPoint] = field(default_factory=list)
     landscape: Landscape | None = None
+    seeds: list[SeedRun] = field(default_factory=list)  # every seed of ``seeds``, in order
 
 
 def trajectory_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:

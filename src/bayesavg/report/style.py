@@ -26,7 +26,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "SWA / SWAG": ("swa", "swag_diag", "swag"),
     "VI / HWA": ("vi", "hwa", "hwa_mf", "hwa_rho"),
     "MC dropout": ("mc_dropout",),
-    "Ensembles": ("ensemble",),
+    "Ensembles": ("ensemble", "multiswa", "multiswag"),
+    "Laplace": ("laplace", "laplace_mc"),
     "SGLD": ("sgld",),
 }
 DISTRIBUTED = "Distributed (DSWAG)"

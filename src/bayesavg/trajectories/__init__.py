@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from ..config import Params, Trajectory
+from ..config import LaplaceTrajectory, Params, Trajectory
 from ..data import Prepared
 from ..models import build_model
 from ..posteriors.file import PosteriorFile
@@ -43,6 +43,7 @@ from .common import (
     tensors,
     trajectory_kwargs,
 )
+from .laplace_fit import fit_laplace
 from .members import stacked, train_members
 from .run import run_plan, step_context
 
@@ -137,8 +138,8 @@ def finetune(
     resume: Resumable | None = None,
     compute: Compute | None = None,
 ) -> RunResult | None:
-    """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA;
-    distributed SWAG is ``dswag.finetune_dswag``).
+    """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA),
+    or fit its last-layer Laplace (``laplace``); distributed SWAG is ``dswag.finetune_dswag``.
 
     ``resume``: a checkpoint to continue from and save to (see ``checkpoint``);
     ``compute``: precision, layout, augmentation and the ranks of a
@@ -146,6 +147,8 @@ def finetune(
     the result, the other ranks None.
     """
     traj = params.finetune[name]
+    if isinstance(traj, LaplaceTrajectory):
+        return fit_laplace(params, name, prepared, start, device)
     if not isinstance(traj, Trajectory):
         raise TypeError(f"finetune.{name}: a {traj.kind} trajectory runs in bayesavg.dswag")
     compute = _compute(params, device, compute)

@@ -42,9 +42,16 @@ def summary(inputs: ReportInputs) -> str:
         described.append(f"{p.name} ({what}, trajectory {p.trajectory}{extra})")
     test = info.get("test")
     seed = inputs.params.get("seed")
+    seeds = [r.seed for r in inputs.seeds]
+    over = (
+        f" Over seeds: mean ± std of {len(seeds)} seeds ({', '.join(map(str, seeds))}), each "
+        "comparison also decided in every seed's paired test (section 'Results over seeds')."
+        if len(seeds) > 1
+        else " One seed: set seeds: [0, 1, 2] for mean ± std over reruns (README)."
+    )
     basis = (
         f" Every interval rests on the {test} test points of one training seed (seed {seed}): "
-        "it measures how the metric varies over test points, not over reruns."
+        "it measures how the metric varies over test points, not over reruns." + over
         if test is not None and seed is not None
         else ""
     )

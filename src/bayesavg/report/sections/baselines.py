@@ -1,0 +1,138 @@
+"""The SWAG paper's baselines and MultiSWAG: SWAG against SGD with temperature scaling
+and with a last-layer Laplace, and MultiSWAG against the deep ensemble of the same
+members, on clean test data and under shift."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...intervals import Interval, resample_counts
+from ..blocks import Heading, Paragraph, Section, claim_bullets
+from ..claims import BMA_PAPER, MULTISWAG_PAPER, Claim
+from ..formats import interval_number
+from ..inputs import PredictorResult, ReportInputs
+from ..uncertainty import Uncertainty
+
+# (candidate, reference) predictor pairs whose NLL the paper compares.
+SWAG_BASELINES = (("swag", "map_ts"), ("swag", "laplace"), ("swag", "laplace_mc"))
+MULTISWAG = ("multiswag", "ensemble")
+CLEAN = "rotate_0"
+
+
+def _nll_claim(
+    inputs: ReportInputs, unc: Uncertainty, cand: str, ref: str, paper: str, statement: str
+) -> Claim | None:
+    """Holds when the paired NLL interval of cand - ref lies below 0, fails above it."""
+    names = {p.name for p in inputs.predictors}
+    if cand not in names or ref not in names:
+        return None
+    comp = unc.comparison(ref, cand)
+    if comp is None:
+        return Claim(paper, statement, None, "no per-point predictions", "n/a (no predictions)")
+    iv: Interval = comp.intervals["nll"]
+    holds = {"better": True, "worse": False}.get(iv.verdict())
+    evidence = f"{cand} - {ref} on the test split: {interval_number(iv)}."
+    return Claim(paper, statement, holds, evidence, interval_number(iv))
+
+
+def _shift_nll(p: PredictorResult, name: str) -> torch.Tensor | None:
+    pred = p.predictions
+    if pred is None or pred.shift_y is None or name not in pred.shift_log_probs:
+        return None
+    logp = torch.from_numpy(np.asarray(pred.shift_log_probs[name])).double()
+    y = torch.from_numpy(np.asarray(pred.shift_y)).long()
+    return -logp.gather(1, y[:, None])[:, 0]
+
+
+def shift_growth(
+    ref: PredictorResult, cand: PredictorResult, boot: tuple[int, int]
+) -> tuple[float, float, float, int, int] | None:
+    """Per shifted image, NLL(ref) - NLL(cand) averaged over every corruption and
+    rotation, minus the same on the unshifted images: its mean and percentile bootstrap
+    interval over the images (the same subset is shifted every way); None without
+    per-point shift predictions."""
+    pred = cand.predictions
+    if pred is None or CLEAN not in pred.shift_log_probs:
+        return None
+    shifts = sorted(n for n in pred.shift_log_probs if n != CLEAN)
+    gaps = []
+    for name in [CLEAN, *shifts]:
+        r, c = _shift_nll(ref, name), _shift_nll(cand, name)
+        if r is None or c is None or r.shape != c.shape:
+            return None
+        gaps.append(r - c)
+    if not shifts:
+        return None
+    growth = torch.stack(gaps[1:]).mean(0) - gaps[0]
+    counts = resample_counts(growth.shape[0], *boot)
+    means = counts @ growth / growth.shape[0]
+    low, high = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return float(growth.mean()), low, high, len(shifts), growth.shape[0]
+
+
+def _shift_claim(inputs: ReportInputs, unc: Uncertainty) -> Claim | None:
+    by_name = {p.name: p for p in inputs.predictors}
+    cand, ref = (by_name.get(n) for n in MULTISWAG)
+    if cand is None or ref is None:
+        return None
+    statement = "MultiSWAG's NLL advantage over the deep ensemble grows under shift"
+    found = shift_growth(ref, cand, (unc.settings.resamples, unc.settings.seed))
+    if found is None:
+        return Claim(
+            MULTISWAG_PAPER,
+            statement,
+            None,
+            "no per-point shift predictions",
+            "n/a (no shift predictions)",
+        )
+    value, low, high, n_shifts, n_points = found
+    holds = True if low > 0 else False if high < 0 else None
+    number = f"gap growth {value:+.4f} [{low:+.4f}, {high:+.4f}]"
+    evidence = (
+        f"NLL(ensemble) - NLL(multiswag) averaged over {n_shifts} shifts minus the same on "
+        f"the unshifted images, paired over {n_points} images: {number}"
+        " (positive: the advantage grows)."
+    )
+    return Claim(MULTISWAG_PAPER, statement, holds, evidence, number)
+
+
+def claims(inputs: ReportInputs, unc: Uncertainty) -> list[Claim]:
+    """The baselines' claims that this run's predictors can check."""
+    found = [
+        _nll_claim(
+            inputs,
+            unc,
+            *MULTISWAG,
+            MULTISWAG_PAPER,
+            "MultiSWAG beats a deep ensemble of the same members on NLL",
+        ),
+        _shift_claim(inputs, unc),
+        *(
+            _nll_claim(inputs, unc, cand, ref, BMA_PAPER, f"{cand} beats {ref} on NLL")
+            for cand, ref in SWAG_BASELINES
+        ),
+    ]
+    return [c for c in found if c is not None]
+
+
+def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
+    found = claims(inputs, unc)
+    if not found:
+        return Section([])
+    note = (
+        "Temperature scaling (map_ts, swa_ts: one T fitted on the validation split), the "
+        "last-layer KFAC Laplace at the sgd weights (laplace: probit predictive; laplace_mc: "
+        "S draws of the last layer; prior precision by marginal likelihood) and MultiSWAG "
+        "(S SWAG draws from each ensemble member's own trajectory) are the SWAG papers' "
+        "baselines. Differences are paired bootstraps over the test points; 'holds' only "
+        "where the interval excludes 0."
+    )
+    return Section(
+        [
+            Heading(2, "Baselines: temperature scaling, Laplace, MultiSWAG"),
+            Paragraph(note),
+            claim_bullets(found),
+        ],
+        found,
+    )

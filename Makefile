@@ -45,7 +45,8 @@ lint: install
 test: lint
 	pytest
 
-# Tests marked slow (the CIFAR preset end to end on generated images): not in `make test`.
+# Tests marked slow (the CIFAR preset end to end on generated images, two queued DVC
+# experiments run in parallel): not in `make test`.
 test-slow: install
 	pytest -m slow
 

@@ -123,7 +123,7 @@ def predict(
             found.posterior,
             pred.method,
             splits,
-            n_samples=e.n_samples,
+            n_samples=pred.samples_or(e.n_samples),
             scale=pred.effective_scale(),
             bn_x=found.bn_x if needs_bn_data(pred.method) else None,
             batch_size=e.batch_size,
@@ -245,7 +245,7 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
             config=PredictorConfig(
                 method=pred.method,
                 scale=pred.effective_scale(),
-                n_samples=e.n_samples,
+                n_samples=pred.samples_or(e.n_samples),
                 seed=derive_seed(p.seed, "evaluate", name),
                 batch_size=e.batch_size,
                 temperature=TEMPERATURES.get(name),

@@ -52,8 +52,10 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
     [
         ("seed", -1, "seed: Input should be greater than or equal to 0"),
         ("seed", "0", "seed: Input should be a valid integer"),
-        ("seeds", [1, 2], "seeds: [1, 2] must list the pipeline's seed (0)"),
-        ("seeds", [0, 1, 1], "and no seed twice"),
+        ("seeds", [1, 2], "seeds: [1, 2] does not list the pipeline's seed 0, whose results"),
+        ("seed", 3, "set both (-S seed=3 -S 'seeds=[3]')"),
+        ("seeds", [0, 1, 1], "seeds: [0, 1, 1] lists a seed twice"),
+        ("evaluate.predictors.multiswag.multiswag.n_samples", 0, "multiswag.n_samples: Input"),
         ("finetune.laplace.start", "init", "a Laplace approximation needs one trained network"),
         ("finetune.laplace.start", "ensemble", "needs one trained network (pretrain or a"),
         ("finetune.laplace.prior_precision", 0.0, "finetune.laplace.prior_precision"),

@@ -586,6 +586,7 @@ def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
 
 
+@pytest.mark.slow  # over a minute on 2 cores (two experiments, each every seed's predictions)
 def test_queued_experiments_in_parallel_get_their_own_parents(repo: Path) -> None:
     """Two queued experiments run at once (``dvc queue start -j 2``): each has one parent
     run named after it, with its own stages as children; nothing is cross-linked."""

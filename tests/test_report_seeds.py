@@ -60,11 +60,15 @@ STRONG = {"map": 1.0, "ensemble": 2.0, "multiswag": 3.0, "swag": 2.5}
 
 def test_mean_and_std_over_seeds_are_numpys() -> None:
     inputs = _inputs({0: STRONG, 1: STRONG, 2: {**STRONG, "swag": 2.0}})
-    table = seeds.table(inputs)
+    unc = compute(inputs)
+    table = seeds.table(inputs, unc)
     row = next(r for r in table.rows if r[0].text == "swag")
     values = [run.metrics["swag"]["nll"] for run in inputs.seeds]
-    nll = row[1 + list(table.header[1:]).index("NLL (mean ± std)")].text
+    nll = row[table.header.index("NLL mean ± std")].text
     assert nll == f"{np.mean(values):.4f} ± {np.std(values, ddof=1):.4f}"
+    own = row[table.header.index("NLL seed 0 [95% CI]")].text
+    found = unc.estimate("swag", "nll")
+    assert own == f"{values[0]:.4f} [{found.low:.4f}, {found.high:.4f}]"
     assert len(table.rows) == len(NAMES)
 
 

@@ -101,7 +101,7 @@ def predict(
             posterior,
             pred.method,
             {split: (posterior.model_input(part.x, device), part.y)},
-            n_samples=e.n_samples,
+            n_samples=pred.samples_or(e.n_samples),
             scale=pred.effective_scale(),
             bn_x=bn_x,
             batch_size=e.batch_size,

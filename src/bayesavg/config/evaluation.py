@@ -19,6 +19,8 @@ class Predictor(_Section):
     scale: NonNegFloat | None = None
     # "fit": temperature scaling, T fitted on the validation split (``bayesavg.calibration``).
     temperature: Literal["fit"] | None = None
+    # S for this predictor (None: evaluate.n_samples); MultiSWAG draws S from each member.
+    n_samples: PosInt | None = None
     _trajectory: str = PrivateAttr(default="")
 
     @model_validator(mode="after")
@@ -35,6 +37,10 @@ class Predictor(_Section):
     @property
     def trajectory(self) -> str:
         return self._trajectory
+
+    def samples_or(self, default: int) -> int:
+        """This predictor's S, else ``default`` (``evaluate.n_samples``)."""
+        return self.n_samples if self.n_samples is not None else default
 
     def effective_scale(self) -> float:
         """The method's default scale (``methods.REGISTRY``) unless set."""

@@ -47,11 +47,14 @@ class Params(_Section):
     def _check(self) -> Params:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device: {self.device!r} is not one of auto, cpu, cuda, cuda:N")
-        if self.seed not in self.seeds or len(set(self.seeds)) != len(self.seeds):
+        if self.seed not in self.seeds:
             raise ValueError(
-                f"seeds: {self.seeds} must list the pipeline's seed ({self.seed}), whose "
-                "results are its own stages, and no seed twice"
+                f"seeds: {self.seeds} does not list the pipeline's seed {self.seed}, whose "
+                f"results are its own stages; set both (-S seed={self.seed} -S "
+                f"'seeds=[{self.seed}]')"
             )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds: {self.seeds} lists a seed twice")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("precision: fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
         for name, traj in self.finetune.items():

@@ -231,31 +231,26 @@ def check_samples(value: Any, num_params: int, model_buffers: Mapping[str, torch
     buffers = get(samples, "buffers", "samples")
     if buffers is None:
         return
-    if not isinstance(buffers, list | tuple):
-        raise PosteriorFileError(
-            f"samples.buffers is {_describe(buffers)}, expected None or a list of {k} dicts"
-        )
-    if len(buffers) != k:
-        raise PosteriorFileError(
-            f"samples.buffers has {len(buffers)} entries, expected {k} "
-            "(one per row of samples.theta)"
-        )
-    for i, member in enumerate(buffers):
+    for i, member in enumerate(_per_row(buffers, "samples.buffers", k)):
         check_buffers(member, f"samples.buffers[{i}]", model_buffers)
     collectors = samples.get("collectors")
     if collectors is None:
         return
-    if not isinstance(collectors, list | tuple):
-        raise PosteriorFileError(
-            f"samples.collectors is {_describe(collectors)}, expected None or a list of {k} dicts"
-        )
-    if len(collectors) != k:
-        raise PosteriorFileError(
-            f"samples.collectors has {len(collectors)} entries, expected {k} "
-            "(one per row of samples.theta)"
-        )
-    for i, collector in enumerate(collectors):
+    for i, collector in enumerate(_per_row(collectors, "samples.collectors", k)):
         check_collector(collector, f"samples.collectors[{i}]", num_params)
+
+
+def _per_row(value: Any, where: str, k: int) -> list[Any] | tuple[Any, ...]:
+    """A list with one entry per row of samples.theta, or a one-line error naming it."""
+    if not isinstance(value, list | tuple):
+        raise PosteriorFileError(
+            f"{where} is {_describe(value)}, expected None or a list of {k} dicts"
+        )
+    if len(value) != k:
+        raise PosteriorFileError(
+            f"{where} has {len(value)} entries, expected {k} (one per row of samples.theta)"
+        )
+    return value
 
 
 def check_laplace(value: Any, model: torch.nn.Module) -> None:

@@ -17,7 +17,7 @@ import torch
 from ...intervals import Interval, paired_bootstrap
 from ..blocks import Cell, Heading, Paragraph, Section, Table, TableBlock, claim_bullets
 from ..claims import BMA_PAPER, MULTISWAG_PAPER, Claim
-from ..formats import LABELS, metric_scale
+from ..formats import LABELS, metric_scale, with_interval
 from ..inputs import ReportInputs, SeedRun
 from ..uncertainty import Uncertainty
 
@@ -98,9 +98,11 @@ def seeds_claim(
     return Claim(paper, statement, holds, evidence, number)
 
 
-def table(inputs: ReportInputs) -> Table:
-    """Predictor by metric: mean ± std over the seeds (n - 1 in the std)."""
+def table(inputs: ReportInputs, unc: Uncertainty) -> Table:
+    """Predictor by metric: mean ± std over the seeds (n - 1 in the std), beside the
+    pipeline seed's value with its interval over the test points."""
     names = [p.name for p in inputs.predictors if all(p.name in r.metrics for r in inputs.seeds)]
+    own = inputs.params.get("seed")
     rows = []
     for name in names:
         cells = [Cell(name)]
@@ -109,8 +111,13 @@ def table(inputs: ReportInputs) -> Table:
             scale, digits, unit = metric_scale(key)
             mean, std = mean_std([scale * v for v in values])
             cells.append(Cell(f"{mean:.{digits}f} ± {std:.{digits}f}{unit}"))
+            point = next((r.metrics[name].get(key) for r in inputs.seeds if r.seed == own), None)
+            found = unc.estimate(name, key)
+            cells.append(Cell(with_interval(key, point, found) if point is not None else "n/a"))
         rows.append(cells)
-    header = ["Predictor", *(f"{label} (mean ± std)" for label in LABELS.values())]
+    header = ["Predictor"]
+    for label in LABELS.values():
+        header += [f"{label} mean ± std", f"{label} seed {own} [95% CI]"]
     return Table(header, rows)
 
 
@@ -126,7 +133,8 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     note = (
         f"Every trajectory and predictor rerun at seeds {', '.join(map(str, seeds))} "
         "(initialisation, batch order and sampling change; the data split does not): each "
-        f"test metric as mean ± standard deviation over the {len(seeds)} seeds. A comparison "
+        f"test metric as mean ± standard deviation over the {len(seeds)} seeds, beside the "
+        "pipeline seed's value with its 95% interval over the test points. A comparison "
         "holds across seeds only where each seed's own paired bootstrap over the test points "
         "finds it beyond noise."
     )
@@ -134,7 +142,7 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
         [
             Heading(2, f"Results over {len(seeds)} seeds"),
             Paragraph(note),
-            TableBlock(table(inputs)),
+            TableBlock(table(inputs, unc)),
             claim_bullets(found),
         ],
         found,

@@ -87,6 +87,14 @@ def run() -> None:
     data = load_prepared(PREPARED)
     for w in chosen:
         _point(p, w, *variant(w), data, start, start_file, device)
+    # With no W listed (workers: []) the outputs DVC expects are empty folders.
+    for out in (
+        Path("models") / f"{sweep.trajectory}_sweep",
+        Path("metrics/dswag_sweep"),
+        Path("plots/dswag_sweep/rounds"),
+        Path("plots/dswag_sweep/sigma_distance"),
+    ):
+        out.mkdir(parents=True, exist_ok=True)
 
 
 def _point(

@@ -48,6 +48,10 @@ def test_preset_is_the_swag_papers_protocol(name: str, swa_lr: float, dataset: s
     assert p.evaluate.n_samples == 30
     assert p.evaluate.by_name["swag"].effective_scale() == 0.5
     assert p.finetune["fswag"].sam_rho > 0
+    multi = p.finetune["multiswag"]  # MultiSWAG: the swag rates from each pretrained member
+    assert multi.members == 3 and multi.schedule.lr_end == swa_lr
+    assert multi.collect.start_epoch == multi.schedule.decay_epochs == 161 - p.pretrain.epochs
+    assert {"map_ts", "swa_ts", "laplace", "laplace_mc", "multiswag"} <= set(p.evaluate.by_name)
 
 
 def test_cifar100_differs_from_cifar10_only_where_it_says() -> None:
@@ -56,6 +60,7 @@ def test_cifar100_differs_from_cifar10_only_where_it_says() -> None:
     assert hundred["finetune"]["swag"]["schedule"]["lr_end"] == 0.05
     hundred["finetune"]["swag"]["schedule"]["lr_end"] = 0.01
     hundred["finetune"]["fswag"]["schedule"]["lr_end"] = 0.01
+    hundred["finetune"]["multiswag"]["schedule"]["lr_end"] = 0.01
     for key in ("tracking", "report"):
         hundred[key] = ten[key]
     hundred["data"]["dataset"] = "cifar10"
@@ -109,8 +114,9 @@ def tiny(raw: dict[str, Any], images: Path) -> dict[str, Any]:
             traj["phase1"]["rounds"] = 1
             traj["phase2"].update(epochs=1, snapshots_per_client=1)
             continue
-        if traj.get("kind") != "laplace":  # a Laplace fit trains nothing
-            traj["epochs"] = 2
+        if traj.get("kind") == "laplace":  # a Laplace fit trains nothing
+            continue
+        traj["epochs"] = 2
         schedule = traj["schedule"]
         if "decay_epochs" in schedule:
             schedule["decay_epochs"] = 1

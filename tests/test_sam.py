@@ -80,3 +80,31 @@ def test_same_dropout_mask_in_both_passes() -> None:
     nn.functional.cross_entropy(plain(x), y).backward()
     for a, b in zip(model.parameters(), plain.parameters(), strict=True):
         assert torch.allclose(a.grad, b.grad, atol=1e-5)
+
+
+def test_an_overflowing_fp16_gradient_gives_no_ascent_and_a_skipped_step() -> None:
+    """fp16 under a loss scaler: the first pass's scaled gradient overflows now and then.
+    The ascent must then be zero (theta + inf - inf would leave NaN in the weights, which
+    the scaler's skipped update does not undo), and the step is skipped as usual."""
+    from bayesavg.training.optim import SGD
+    from bayesavg.training.train import StepContext
+
+    model = _model()
+    x, y = _data()
+    x = x * 1e3  # gradients of order 10-100: scaled by 2^127 they overflow float32
+    before = [p.detach().clone() for p in model.parameters()]
+    ctx = StepContext()
+    ctx.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    sam_step(0.05)(model, x, y, ctx)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert not all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+    optimizer = SGD(model.parameters(), lr=0.1)
+    ctx.scaler.step(optimizer)
+    ctx.scaler.update()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert ctx.scaler.get_scale() < 2.0**127
+    ctx.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)  # and a finite one trains
+    sam_step(0.05)(model, x, y, ctx)
+    ctx.scaler.step(optimizer)
+    assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

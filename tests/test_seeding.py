@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from bayesavg.seeding import seed_everything
@@ -29,3 +31,28 @@ def test_seed_everything_gives_torch_manual_seeds_streams() -> None:
         for a, b in zip(expected[:3], got[:3], strict=True):
             assert torch.equal(a, b)
         assert expected[3:] == got[3:]
+
+
+@pytest.mark.parametrize("name", ["auto", "cuda"])
+def test_choosing_a_cuda_device_turns_on_deterministic_kernels(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every stage (evaluate and landscape too, which train nothing) and ``bayesavg
+    evaluate`` resolve their device first: on CUDA that must ask for deterministic kernels
+    and cuBLAS's fixed workspace, and leave torch's NaN fill of ``torch.empty`` off."""
+    from bayesavg.seeding import resolve_device
+
+    asked: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **_: asked.append(on))
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        assert resolve_device(name).type == "cuda"
+        assert asked == [True]
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto").type == "cpu" and asked == [True]  # the CPU: untouched

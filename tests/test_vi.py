@@ -170,3 +170,18 @@ def test_plain_sgd_does_not_reach_it() -> None:
     x, y, _, sigma_mf, _ = _blr_problem()
     sigma = _fit_blr(x, y, "sgd").sigma.detach().double()
     assert ((sigma / sigma_mf) - 1).abs().max() > 0.5, (sigma, sigma_mf)
+
+
+def test_an_overflowing_fp16_gradient_gives_f_vi_no_ascent() -> None:
+    """F-VI's ascent under fp16's loss scaler: an overflowing probe gradient must not put
+    inf or NaN into the perturbed network (the loss stays finite; the scaler skips)."""
+    from bayesavg.posteriors.vi import svi_step
+    from bayesavg.training.train import StepContext
+
+    torch.manual_seed(0)
+    vi = MeanFieldVI(nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)), 0.01)
+    x, y = torch.randn(16, 5) * 1e3, torch.randint(0, 3, (16,))  # scaled gradients overflow
+    ctx = StepContext()
+    ctx.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    loss, logits = svi_step(n_train=100, sam_rho=0.05)(vi, x, y, ctx)
+    assert bool(torch.isfinite(loss)) and bool(torch.isfinite(logits).all())

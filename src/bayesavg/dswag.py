@@ -126,7 +126,7 @@ def _sums(net: nn.Module, data: Tensors) -> torch.Tensor:
     logits = net(data.x)
     loss = nn.functional.cross_entropy(logits, data.y, reduction="sum").double()
     correct = (logits.argmax(1) == data.y).sum().double()
-    return torch.stack([loss, correct, torch.tensor(len(data), dtype=torch.float64)])
+    return torch.stack([loss, correct, loss.new_tensor(len(data))])
 
 
 def _evaluate(world: World, net: nn.Module, splits: dict[str, Tensors]) -> dict[str, float]:

@@ -360,7 +360,7 @@ def sigma_ratio(posterior: PosteriorFile, method: Method) -> dict[str, float] | 
     if method.sigma is None or sigma0 is None or method.needs not in posterior.provides():
         return None
     ratio = SIGMAS[method.sigma](posterior).double() / float(sigma0)
-    levels = torch.tensor(list(SIGMA_QUANTILES.values()), dtype=torch.float64)
+    levels = ratio.new_tensor(list(SIGMA_QUANTILES.values()))
     values = torch.quantile(ratio, levels).tolist()
     return {
         "min": ratio.min().item(),

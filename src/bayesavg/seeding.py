@@ -40,10 +40,24 @@ def seed_everything(seed: int, device: torch.device | str = "cpu") -> None:
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
-    if torch.device(device).type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=False)
-        torch.backends.cudnn.benchmark = False
+    deterministic_kernels(torch.device(device))
+
+
+def deterministic_kernels(device: torch.device) -> None:
+    """On CUDA, deterministic kernels: a rerun on the same GPU model gives the same bytes.
+
+    cuBLAS needs its workspace setting before its first call in the process, so this
+    runs where the device is chosen (``resolve_device``), before any CUDA work. Torch
+    would also fill every ``torch.empty`` with NaN in this mode, which costs a memory
+    pass per allocation and matters only to code that reads memory it never wrote;
+    nothing here does (outputs are always written before being read), so it is off.
+    """
+    if device.type != "cuda":
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
+    torch.backends.cudnn.benchmark = False
 
 
 def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -53,17 +67,20 @@ def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present; anything else is passed to torch."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``auto`` picks CUDA when present; anything else is passed to torch. A CUDA device
+    gets deterministic kernels from here on (``deterministic_kernels``): every stage and
+    ``bayesavg evaluate`` resolve their device before any work, training or not."""
     try:
-        device = torch.device(name)
+        device = torch.device(
+            ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+        )
     except RuntimeError:
         raise UserError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(
             f"device: {name} was asked for but no CUDA GPU is available; use auto or cpu"
         )
+    deterministic_kernels(device)
     return device
 
 

@@ -45,6 +45,7 @@ class MeanFieldVI(nn.Module):
         self.net = model
         self.prior_sigma = prior_sigma
         self._shapes = [(name, p.shape) for name, p in model.named_parameters()]
+        self._sizes = [math.prod(shape) for _, shape in self._shapes]
         mu = params_vector(model.parameters()).detach().clone()
         self.mu = nn.Parameter(mu)
         self.rho = nn.Parameter(torch.full_like(mu, inverse_softplus(sigma_init)))
@@ -74,12 +75,14 @@ class MeanFieldVI(nn.Module):
         ``backward()`` would invalidate them.
         """
         vec = self.mu if theta is None else theta
-        params: dict[str, torch.Tensor] = {}
-        offset = 0
-        for name, shape in self._shapes:
-            n = math.prod(shape)
-            params[name] = vec[offset : offset + n].view(shape)
-            offset += n
+        # One split, not a slice per tensor: the backward of a slice writes its gradient
+        # into a zero vector of the full length, one per parameter tensor (O(tensors * d)
+        # memory traffic per step); split's backward concatenates them once.
+        pieces = torch.split(vec, self._sizes)
+        params = {
+            name: piece.view(shape)
+            for (name, shape), piece in zip(self._shapes, pieces, strict=True)
+        }
         if frozen_stats:
             params.update({name: b.clone() for name, b in self.net.named_buffers()})
         return functional_call(self.net, params, (x,))
@@ -105,7 +108,7 @@ def svi_step(
     sampled theta, detached, computed with the same eps, the same dropout
     mask and BatchNorm statistics left untouched.
     """
-    from ..training.sam import replayed_rng
+    from ..training.sam import finite_or_zero, replayed_rng
     from ..training.train import PLAIN, StepContext
 
     def step(vi: MeanFieldVI, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN) -> tuple:
@@ -118,7 +121,10 @@ def svi_step(
                     with ctx.autocast():
                         probe_nll = likelihood(vi(x, probe).float(), y)
                     (grad,) = ctx.grad(probe_nll, [probe])
-                    e = sam_rho * grad / (torch.linalg.vector_norm(grad) + 1e-12)
+                    norm = torch.linalg.vector_norm(grad)
+                    e = sam_rho * grad / (norm + 1e-12)
+                    if ctx.scaler is not None:
+                        (e,) = finite_or_zero([e], norm)
                     rewind()
                     with ctx.autocast():
                         logits = vi(x, theta + e, frozen_stats=True)

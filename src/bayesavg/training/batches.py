@@ -50,15 +50,22 @@ class TrainData:
     std: Sequence[float]
     augment: Augment = field(default_factory=Augment)
     channels_last: bool = False
+    # The constants on the images' device, built once: per batch they would cost two
+    # host-to-device copies, each a synchronisation, every step.
+    _m: torch.Tensor = field(init=False, repr=False, compare=False)
+    _s: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name, values in (("_m", self.mean), ("_s", self.std)):
+            constant = torch.tensor(values, dtype=torch.float32, device=self.x.device)
+            object.__setattr__(self, name, constant.view(1, -1, 1, 1))
 
     def __len__(self) -> int:
         return self.x.shape[0]
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.to(dtype=torch.float32).div_(255)
-        m = torch.tensor(self.mean, dtype=torch.float32, device=xf.device).view(1, -1, 1, 1)
-        s = torch.tensor(self.std, dtype=torch.float32, device=xf.device).view(1, -1, 1, 1)
-        xf = xf.sub_(m).div_(s)
+        xf = xf.sub_(self._m).div_(self._s)
         layout = torch.channels_last if self.channels_last else torch.contiguous_format
         return xf.contiguous(memory_format=layout)
 

@@ -52,6 +52,19 @@ def replayed_rng(device: torch.device) -> Iterator[Callable[[], None]]:
     yield rewind
 
 
+def finite_or_zero(eps: list[torch.Tensor], norm: torch.Tensor) -> list[torch.Tensor]:
+    """``eps``, or zeros where the gradient it came from overflowed (``norm`` not finite).
+
+    Under fp16's loss scaler the first pass's scaled gradient overflows now and
+    then; an ascent of inf or NaN would stay in the weights (theta + e - e is NaN)
+    although the scaler skips the update. With e = 0 the second pass runs at theta,
+    its gradient overflows too, and the scaler skips the step and lowers its scale,
+    as for a plain step. ``torch.where``: no host synchronisation.
+    """
+    finite = torch.isfinite(norm)
+    return [torch.where(finite, e, torch.zeros_like(e)) for e in eps]
+
+
 def sam_gradient(
     params: list[torch.Tensor],
     loss_fn: LossFn,
@@ -75,6 +88,8 @@ def sam_gradient(
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         scale = rho / (norm + 1e-12)
         eps = [g * scale for g in grads]
+        if ctx.scaler is not None:
+            eps = finite_or_zero(eps, norm)
         with torch.no_grad():
             for p, e in zip(params, eps, strict=True):
                 p.add_(e)

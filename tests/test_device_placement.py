@@ -1,0 +1,190 @@
+"""Tensors made in device-side code take their device from their inputs (issue 25).
+
+The CUDA path cannot run in CI, so two CPU checks stand in for it:
+
+- statically, every ``torch.<factory>(...)`` in the library either names its
+  ``device=``, is moved at once (``.to(...)``), or sits in a place listed below
+  with the reason it is host-side: a new ``torch.tensor(len(data))`` stacked with
+  device tensors (DSWAG's ``_sums`` crashed ``finetune@dswag`` on the GPU that way)
+  fails here, not on the GPU;
+- dynamically, the training steps, per-batch normalisation and augmentation, and
+  DSWAG's sums run on the ``meta`` device: any CPU tensor mixed into their
+  arithmetic raises there exactly as it would on CUDA.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import bayesavg
+from bayesavg.posteriors.vi import MeanFieldVI, svi_step
+from bayesavg.training.augment import Augment, draw_epoch
+from bayesavg.training.batches import Tensors, TrainData
+from bayesavg.training.sam import sam_step
+from bayesavg.training.train import StepContext, loss_and_accuracy, sgd_step
+
+SRC = Path(bayesavg.__file__).parent
+FACTORIES = {
+    "tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "empty_strided",
+    "arange", "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm",
+    "normal", "Generator",
+}  # fmt: skip
+# Modules that only ever hold host tensors: loading files into CPU tensors, index sets,
+# bootstrap statistics and the report's post-processing of saved predictions.
+HOST_MODULES = {"data", "datasets", "ood_data", "federated", "intervals"}
+HOST_PACKAGES = {"report"}
+# Functions that build on the CPU on purpose, each with why it is safe on CUDA.
+HOST_FUNCTIONS = {
+    "augment.draw_epoch": "crop offsets and flips from a CPU generator (the same draws on "
+    "any device); the loop moves them to the device once per epoch",
+    "train.train": "the shuffling generator is a CPU generator (the same order on any "
+    "device); the permutation is moved to the device once per epoch",
+    "dswag._evaluate": "rank 0's float64 totals on the host, added from results taken "
+    "with .cpu(); broadcast() moves them to the device for NCCL",
+    "landscape.random_directions": "float64 directions from a CPU generator, the same on "
+    "any device; callers move each one to the model's device",
+    "landscape.principal_directions": "the SVD of a posterior file's deviations, which "
+    "load on the CPU",
+    "plane._axis": "axis values of the plane's grid: Python numbers for the caller",
+    "predict.Predictor.__call__": "images from numpy, and placeholder labels; evaluate "
+    "moves both to the device",
+    "shift._warp": "a 2x3 affine matrix, moved to the images' device before use",
+    "shift.rotate": "a 2x2 matrix for _warp",
+    "shift._shear": "a 2x2 matrix for _warp",
+    "shift._scale": "a 2x2 matrix for _warp",
+    "shift._random_signs": "drawn from a CPU generator (the same on any device), moved",
+    "shift.corrupt": "the corruption's CPU generator (the same images on any device)",
+}
+
+
+def _factory_calls(path: Path) -> list[tuple[str, int, str]]:
+    """(qualified function name, line, factory) of each factory call without a device."""
+    tree = ast.parse(path.read_text())
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def where(node: ast.AST) -> str:
+        names = []
+        while node in parents:
+            node = parents[node]
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.append(node.name)
+        return ".".join(reversed(names)) or "<module>"
+
+    found = []
+    for node in ast.walk(tree):
+        func = getattr(node, "func", None)
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "torch"
+            and func.attr in FACTORIES
+        ):
+            continue
+        if any(k.arg == "device" for k in node.keywords):
+            continue
+        parent = parents.get(node)
+        if isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda"):
+            continue
+        found.append((where(node), node.lineno, func.attr))
+    return found
+
+
+def _library_files() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py") if not HOST_PACKAGES & set(p.parts))
+
+
+def test_every_tensor_built_in_device_side_code_names_its_device() -> None:
+    unexplained, used = [], set()
+    for path in _library_files():
+        if path.stem in HOST_MODULES:
+            continue
+        for func, line, factory in _factory_calls(path):
+            key = f"{path.stem}.{func}"
+            if key in HOST_FUNCTIONS:
+                used.add(key)
+            else:
+                unexplained.append(f"{path.relative_to(SRC)}:{line} {func}: torch.{factory}")
+    assert not unexplained, (
+        "tensors built without device= in device-side code (take the device from an input: "
+        "x.new_tensor, torch.zeros_like, device=x.device; or list the function in "
+        "HOST_FUNCTIONS with why it is host-side):\n" + "\n".join(unexplained)
+    )
+    assert used == set(HOST_FUNCTIONS), f"stale HOST_FUNCTIONS: {set(HOST_FUNCTIONS) - used}"
+
+
+def test_the_check_finds_a_host_tensor_mixed_into_device_code(tmp_path: Path) -> None:
+    """The DSWAG bug as it was: the check must flag it."""
+    bad = tmp_path / "dswag.py"
+    bad.write_text(
+        "import torch\n"
+        "def _sums(loss, correct, data):\n"
+        "    return torch.stack([loss, correct, torch.tensor(len(data), dtype=torch.float64)])\n"
+        "def ok(x):\n"
+        "    return torch.zeros(3, device=x.device) + torch.arange(3).to(x.device)\n"
+    )
+    assert _factory_calls(bad) == [("_sums", 3, "tensor")]
+
+
+# --- the device-side code on the meta device -----------------------------------------
+
+META = torch.device("meta")
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.drop = nn.Dropout(0.1)
+        self.fc = nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(torch.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty(6, 3, 8, 8, device=META), torch.empty(6, dtype=torch.long, device=META)
+
+
+@pytest.mark.parametrize("name", ["sgd", "sam"])
+def test_training_steps_run_on_another_device(name: str) -> None:
+    model = _Net().to(META)
+    step = sgd_step if name == "sgd" else sam_step(0.05)
+    loss, logits = step(model, *_batch(), StepContext())
+    assert loss.device == logits.device == META
+    assert all(p.grad is not None and p.grad.device == META for p in model.parameters())
+
+
+@pytest.mark.parametrize("sam_rho", [0.0, 0.05])
+def test_svi_step_runs_on_another_device(sam_rho: float) -> None:
+    vi = MeanFieldVI(_Net(), 0.01).to(META)
+    loss, _ = svi_step(n_train=100, sam_rho=sam_rho)(vi, *_batch(), StepContext())
+    assert loss.device == META and vi.mu.grad is not None and vi.mu.grad.device == META
+
+
+def test_batches_are_normalised_and_augmented_on_the_images_device() -> None:
+    images = torch.empty(10, 3, 8, 8, dtype=torch.uint8, device=META)
+    labels = torch.empty(10, dtype=torch.long, device=META)
+    augment = Augment(crop_padding=2, flip=True)
+    data = TrainData(images, labels, [0.5, 0.4, 0.3], [0.2, 0.2, 0.2], augment, True)
+    draws = draw_epoch(10, augment, torch.Generator().manual_seed(0)).to(META)
+    idx = torch.arange(4, device=META)
+    x, y = data.batch(idx, draws)
+    assert x.device == y.device == META and x.dtype == torch.float32
+    assert data.inputs(batch_size=4).shape == (10, 3, 8, 8)
+
+
+def test_monitoring_and_dswag_sums_stay_on_the_device() -> None:
+    from bayesavg.dswag import _sums
+
+    model = _Net().to(META)
+    data = Tensors(*_batch())
+    assert _sums(model, data).device == META
+    loss, accuracy = loss_and_accuracy(model, data)
+    assert loss.device == accuracy.device == META

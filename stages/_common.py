@@ -190,6 +190,8 @@ def stage_checkpoint(
     Call it after the stage has imported what it runs, so the code is all in
     ``sys.modules``. A checkpoint with another key is deleted when loaded.
     """
+    from bayesavg.seeding import device_in_use  # torch is loaded by now
+
     key = {
         "stage": stage,
         "params": {"seed": p.seed, "device": p.device, **stage_params},
@@ -201,6 +203,9 @@ def stage_checkpoint(
             "augment": p.data.augment.model_dump(),
             "processes": launch.nproc(),
             "numerics": numerics.describe(),
+            # the device the run really uses (``device: auto`` is the CPU on one machine, a
+            # GPU on another): RNG streams and kernels differ, so no resume across them
+            "device": device_in_use(p.device),
         },
         "inputs": {str(path): digest(path) for path in inputs},
         "code": _code_digests(),

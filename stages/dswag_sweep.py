@@ -15,6 +15,7 @@ the W in order.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,8 +56,9 @@ def run() -> None:
     from bayesavg.data import load_prepared
     from bayesavg.dswag import finetune_dswag
     from bayesavg.posteriors.file import load_posterior
+    from bayesavg.runtime.launch import is_rank
     from bayesavg.seeding import resolve_device
-    from bayesavg.training.distributed import local_device
+    from bayesavg.training.distributed import joined, local_device
 
     p = params()
     sweep = p.evaluate.dswag_sweep
@@ -82,11 +84,13 @@ def run() -> None:
             name, traj = variant(w)
             finetune_dswag(p, name, data, start, device, traj)
 
-    if delegated(share):
-        return
-    data = load_prepared(PREPARED)
-    for w in chosen:
-        _point(p, w, *variant(w), data, start, start_file, device)
+    # Under torchrun, one process group for every W (distributed.joined says why).
+    with joined(device) if is_rank() else contextlib.nullcontext():
+        if delegated(share):
+            return
+        data = load_prepared(PREPARED)
+        for w in chosen:
+            _point(p, w, *variant(w), data, start, start_file, device)
     # With no W listed (workers: []) the outputs DVC expects are empty folders.
     for out in (
         Path("models") / f"{sweep.trajectory}_sweep",

@@ -143,8 +143,11 @@ def rank_main(rank: int, world: int, folder: str, jobs: list[tuple[str, dict[str
                 timeout=RANK_TIMEOUT,
             )
             result = run_spec(spec)
-            if dist.is_initialized():
-                raise AssertionError("run_dswag did not leave the process group")
+            # the group was made here, so run_dswag must leave it to its maker (the DSWAG
+            # sweep runs every W in one group: distributed.joined)
+            if not dist.is_initialized():
+                raise AssertionError("run_dswag left a process group it did not make")
+            dist.destroy_process_group()
             if rank == 0:
                 assert result is not None, "rank 0 got no result"
                 posterior, history = result

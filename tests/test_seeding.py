@@ -47,12 +47,35 @@ def test_choosing_a_cuda_device_turns_on_deterministic_kernels(
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **_: asked.append(on))
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     fill = torch.utils.deterministic.fill_uninitialized_memory
+    conv = torch.backends.cudnn.conv.fp32_precision
     try:
         assert resolve_device(name).type == "cuda"
         assert asked == [True]
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         assert torch.utils.deterministic.fill_uninitialized_memory is False
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"  # fp32, not TF32
     finally:
         torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.backends.cudnn.conv.fp32_precision = conv
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto").type == "cpu" and asked == [True]  # the CPU: untouched
+
+
+def test_the_device_in_use_names_the_gpu_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's key holds it: ``device: auto`` made on the CPU must not resume on a
+    GPU (its RNG state has no CUDA stream), nor one from an H100 on another GPU model."""
+    from bayesavg.seeding import device_in_use
+
+    assert device_in_use("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_in_use("auto") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: f"GPU of {d}")
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    conv = torch.backends.cudnn.conv.fp32_precision
+    try:
+        assert device_in_use("auto") == "GPU of cuda"
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.backends.cudnn.conv.fp32_precision = conv

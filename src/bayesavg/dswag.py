@@ -49,7 +49,7 @@ from .posteriors.file import PosteriorFile
 from .seeding import derive_seed, generator, seed_everything
 from .training.batches import Tensors, batches_per_epoch
 from .training.batchnorm import bn_modules
-from .training.distributed import World, broadcast, in_client_order, join, leave
+from .training.distributed import World, broadcast, in_client_order, joined
 from .training.flat import params_vector
 from .training.optim import SGD
 from .training.train import lr_at, train
@@ -194,15 +194,15 @@ def run_dswag(
 
     ``splits``: model-ready train, val and test tensors on the device;
     ``labels``: the training labels on the CPU (for the split). Joins the
-    torch.distributed run if there is one (``distributed.join``) and leaves
-    it after. Returns (posterior, history) on rank 0, None on other ranks.
+    torch.distributed run if there is one, and leaves it after unless the caller
+    joined first (``distributed.joined``). Returns (posterior, history) on rank 0,
+    None on other ranks.
     """
     threads = torch.get_num_threads()
-    world = join(next(net.parameters()).device)
     try:
-        return _run(seed, name, traj, net, splits, labels, world, fields)
+        with joined(next(net.parameters()).device) as world:
+            return _run(seed, name, traj, net, splits, labels, world, fields)
     finally:
-        leave(world)
         torch.set_num_threads(threads)
 
 

@@ -51,6 +51,9 @@ def deterministic_kernels(device: torch.device) -> None:
     would also fill every ``torch.empty`` with NaN in this mode, which costs a memory
     pass per allocation and matters only to code that reads memory it never wrote;
     nothing here does (outputs are always written before being read), so it is off.
+    And fp32 means fp32: cuDNN runs float32 convolutions as TF32 (10-bit mantissa) by
+    default on Ampere and newer, while matrix products stay IEEE; ``precision: bf16`` is
+    the fast choice, and autocast is unaffected.
     """
     if device.type != "cuda":
         return
@@ -58,6 +61,7 @@ def deterministic_kernels(device: torch.device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=False)
     torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
 
 
 def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -82,6 +86,13 @@ def resolve_device(name: str) -> torch.device:
         )
     deterministic_kernels(device)
     return device
+
+
+def device_in_use(name: str) -> str:
+    """What ``device: name`` runs on here: ``cpu``, or the CUDA GPU's model (CUDA bytes
+    repeat only on the same model; a checkpoint resumes only where this is the same)."""
+    device = resolve_device(name)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

@@ -19,14 +19,16 @@ differently with another thread count.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from ..runtime.errors import UserError
 from ..runtime.launch import is_rank
 from ..runtime.numerics import threads
 
@@ -51,7 +53,13 @@ class World:
 def local_device(device: torch.device) -> torch.device:
     """On CUDA, the GPU of this rank (LOCAL_RANK) when several processes share a node."""
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        index, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+        if index >= count:
+            raise UserError(
+                f"process {index} of this node has no GPU of its own ({count} visible): set "
+                f"BAYESAVG_NPROC to at most {count}"
+            )
+        return torch.device("cuda", index)
     return device
 
 
@@ -88,6 +96,24 @@ def leave(world: World) -> None:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def joined(device: torch.device) -> Iterator[World]:
+    """``join``, and ``leave`` at the end only if this call made the process group.
+
+    A caller that runs several jobs in one torchrun (the DSWAG sweep, one per W)
+    joins once around them all: a group destroyed and made again under torchrun's
+    store reuses the first group's keys, so a rank dials an address that is gone
+    (gloo) or reads a stale id (NCCL).
+    """
+    made = not dist.is_initialized()
+    world = join(device)
+    try:
+        yield world
+    finally:
+        if made:
+            leave(world)
+
+
 def in_client_order(
     world: World,
     clients: Sequence[int],
@@ -101,7 +127,10 @@ def in_client_order(
     client); ``take`` runs on rank 0 only, once per client, in the order of
     ``clients``, so whatever it accumulates is the same for any world size.
     """
-    buffer = torch.empty(shape, dtype=torch.float64, device=world.device)
+    # rank 0's receive buffer (one result: for a DSWAG client's snapshots of a large
+    # network, gigabytes), only where there is something to receive
+    receiving = world.is_main and world.size > 1
+    buffer = torch.empty(shape, dtype=torch.float64, device=world.device) if receiving else None
     sending: tuple[dist.Work, torch.Tensor] | None = None  # one result in flight per rank
     for position, client in enumerate(clients):
         owner = world.owner(position)
@@ -117,6 +146,7 @@ def in_client_order(
                 result = result.to(world.device)
                 sending = (dist.isend(result, dst=0), result)
         elif world.is_main:
+            assert buffer is not None
             dist.recv(buffer, src=owner)
             take(client, buffer)
     if sending is not None:

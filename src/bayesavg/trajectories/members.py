@@ -56,9 +56,11 @@ def _spread(
     for round_start in range(int(first[0]), count, world.size):
         member = round_start + world.rank
         mine = train_member(member, None).state_dict() if member < count else None
-        results: list[object] = [None] * world.size
-        dist.all_gather_object(results, mine)
-        if world.is_main:
+        # to rank 0 only: an all-gather would make every rank hold (and, under NCCL,
+        # stage on its GPU) every member's whole posterior, gigabytes for large networks
+        results: list[object] | None = [None] * world.size if world.is_main else None
+        dist.gather_object(mine, results, dst=0)
+        if results is not None:
             done.extend(RunResult.from_state_dict(r) for r in results if r is not None)
             _save(resume, done)
     return done if world.is_main else None

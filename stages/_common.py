@@ -183,15 +183,13 @@ def _code_digests() -> dict[str, str]:
 
 
 def stage_checkpoint(
-    stage: str, p: Params, stage_params: Mapping[str, Any], inputs: Sequence[Path]
+    stage: str, p: Params, stage_params: Mapping[str, Any], inputs: Sequence[Path], device: str
 ) -> Checkpoint:
     """The stage's checkpoint file, keyed by its params, its input files and its code.
 
     Call it after the stage has imported what it runs, so the code is all in
     ``sys.modules``. A checkpoint with another key is deleted when loaded.
     """
-    from bayesavg.seeding import device_in_use  # torch is loaded by now
-
     key = {
         "stage": stage,
         "params": {"seed": p.seed, "device": p.device, **stage_params},
@@ -205,7 +203,7 @@ def stage_checkpoint(
             "numerics": numerics.describe(),
             # the device the run really uses (``device: auto`` is the CPU on one machine, a
             # GPU on another): RNG streams and kernels differ, so no resume across them
-            "device": device_in_use(p.device),
+            "device": device,
         },
         "inputs": {str(path): digest(path) for path in inputs},
         "code": _code_digests(),

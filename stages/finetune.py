@@ -35,7 +35,7 @@ def run() -> None:
     from bayesavg.data import load_prepared
     from bayesavg.dswag import finetune_dswag
     from bayesavg.posteriors.file import load_posterior, save_posterior
-    from bayesavg.seeding import resolve_device
+    from bayesavg.seeding import device_model, resolve_device
     from bayesavg.training.distributed import current_world, leave, local_device
     from bayesavg.trajectories import compute_for, finetune
 
@@ -66,7 +66,9 @@ def run() -> None:
         return
     inputs = [MANIFEST, start_file]
     ckpt = (
-        None if distributed or laplace else stage_checkpoint(stage, p, {"finetune": traj}, inputs)
+        None
+        if distributed or laplace
+        else stage_checkpoint(stage, p, {"finetune": traj}, inputs, device_model(device))
     )
     logged = {"trajectory": name, "finetune": traj}
     resume = ckpt.meta.get("run_id") if ckpt else None

@@ -36,7 +36,7 @@ def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.data import load_prepared
     from bayesavg.posteriors.file import save_posterior
-    from bayesavg.seeding import resolve_device
+    from bayesavg.seeding import device_model, resolve_device
     from bayesavg.training.distributed import current_world, leave, local_device
     from bayesavg.trajectories import compute_for, pretrain_members
 
@@ -55,7 +55,7 @@ def run() -> None:
     if delegated(work):
         return
     logged = {"model": p.model.model_dump(), "pretrain": p.pretrain.model_dump()}
-    ckpt = stage_checkpoint("pretrain", p, logged, [MANIFEST])
+    ckpt = stage_checkpoint("pretrain", p, logged, [MANIFEST], device_model(device))
     with tracked("pretrain", p, logged, [MANIFEST], resume=ckpt.meta.get("run_id")) as mlrun:
         ckpt.meta["run_id"] = mlrun.run_id
         result = work(ckpt)

@@ -314,16 +314,17 @@ def test_checkpoint_key_follows_params_inputs_and_code(kill_repo: Path) -> None:
         "import _common\n"
         "from pathlib import Path\n"
         "print(_common.stage_checkpoint('finetune@x', _common.params(), {'lr': LR}, "
-        "[Path('data/prepared/manifest.json')]).key)\n"
+        "[Path('data/prepared/manifest.json')], DEVICE).key)\n"
     )
 
-    def key(lr: float) -> str:
-        out = sh(repo, PYTHON, "-c", code.replace("LR", repr(lr))).stdout.split()
-        return out[-1]
+    def key(lr: float, device: str = "cpu") -> str:
+        script = code.replace("LR", repr(lr)).replace("DEVICE", repr(device))
+        return sh(repo, PYTHON, "-c", script).stdout.split()[-1]
 
     base = key(0.1)
     assert key(0.1) == base
     assert key(0.2) != base
+    assert key(0.1, "NVIDIA H100 80GB HBM3") != base  # no resume across devices
     manifest = repo / "data/prepared/manifest.json"
     original = manifest.read_text()
     try:

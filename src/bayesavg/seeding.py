@@ -88,10 +88,9 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def device_in_use(name: str) -> str:
-    """What ``device: name`` runs on here: ``cpu``, or the CUDA GPU's model (CUDA bytes
-    repeat only on the same model; a checkpoint resumes only where this is the same)."""
-    device = resolve_device(name)
+def device_model(device: torch.device) -> str:
+    """``cpu``, or the CUDA GPU's model: CUDA bytes repeat only on the same model, and a
+    checkpoint's key holds this so that a run resumes only where it was made."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 

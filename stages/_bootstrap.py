@@ -3,7 +3,9 @@
 ``.venv/bin/dvc repro`` without the environment activated runs each stage
 with whatever ``python`` is first on PATH, which would fail with a
 ``ModuleNotFoundError`` traceback: say so in one line instead (modules are
-looked up, not imported). Then, before anything heavy is imported, start
+looked up, not imported), and so does a torch or torchvision older than the oldest
+supported (``bayesavg.runtime.torch_version``: their version files are read, not
+imported). Then, before anything heavy is imported, start
 the MLflow tracking worker, so that its ~2 s of importing mlflow and
 opening the store overlap the stage's own imports and work
 (``bayesavg.tracking.worker``). Before torch is imported, fix the thread count
@@ -31,6 +33,13 @@ if missing:
         f"error: {sys.executable} cannot import {', '.join(missing)}: run the pipeline in the "
         "project's environment: `make run`, or `source .venv/bin/activate` then `dvc repro`\n"
     )
+    sys.exit(2)
+
+from bayesavg.runtime.torch_version import check_importable  # noqa: E402  (imports nothing)
+
+unsupported = check_importable()
+if unsupported:
+    sys.stderr.write(f"error: {sys.executable}: {unsupported}\n")
     sys.exit(2)
 
 from bayesavg.runtime import numerics  # noqa: E402  (after the check above)

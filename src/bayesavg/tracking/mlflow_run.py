@@ -270,15 +270,24 @@ def _stored(client: Any, experiment_id: str, digest: str) -> str | None:
 
 def _requirements() -> list[str]:
     """The model's pip requirements, pinned to what runs here (never inferred: inferring
-    loads the model in a subprocess)."""
+    loads the model in a subprocess); mlflow-skinny where full mlflow is not installed
+    (``TORCH=system``, which has no UI)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
-    for name in ("mlflow", "torch", "torchvision", "numpy", "bayesavg"):
-        try:
-            found.append(f"{name}=={version(name)}")
-        except PackageNotFoundError:
-            continue
+    for names in (
+        ("mlflow", "mlflow-skinny"),
+        ("torch",),
+        ("torchvision",),
+        ("numpy",),
+        ("bayesavg",),
+    ):
+        for name in names:
+            try:
+                found.append(f"{name}=={version(name)}")
+                break
+            except PackageNotFoundError:
+                continue
     return found
 
 

@@ -1,201 +1,248 @@
-"""`make gpu-check`: what only a CUDA GPU can show, as one JSON object on stdout.
+"""`make gpu-check`: what only a CUDA GPU can show, part by part, into one JSON file.
 
-- ``pipeline``: the default pipeline end to end with ``device: cuda`` (``dvc repro`` in a
-  scratch git + DVC repo holding this checkout's tracked files, its own MLflow store):
-  wall seconds, stages run, test accuracy and NLL of map, swa and swag;
-- ``determinism``: pretrain and finetune@swag forced again on the GPU: the posterior
-  files' sha256 of both runs, which must be equal (CUDA: deterministic kernels);
-- ``cpu_vs_cuda``, ``bf16_vs_fp32``: the same short in-process pretrain + SWAG run on
-  mnist5k on both devices, and in both precisions on the GPU: test metrics of the map
-  (end point) and swag predictors, their differences against a stated tolerance;
-- ``throughput``: images/s of SWAG fine-tuning (PreResNet-20, WideResNet-28x10, CIFAR-
-  shaped uint8 batches of 128, crop + flip) for ours, a bare PyTorch loop with the
-  same precision, layout and augmentation ops, and the SWAG reference code's own loop;
-- ``evaluation``: a 30-sample SWAG evaluation (BN recomputed per sample) against S x
-  (BN pass + test forward) written out by hand;
-- ``peak_memory_mib``: ``torch.cuda.max_memory_allocated`` of each measurement.
+Two invocations, each within its budget (default 480 s: 8 minutes on one H100):
 
-Without a CUDA device it says so in one line and exits 2. ``--device cpu --quick`` runs
-every measurement at toy sizes on the CPU (to develop and test the script; the JSON then
-says ``"device": "cpu"`` and compares the CPU with itself). ``--skip-pipeline`` leaves out
-the two ``dvc repro`` runs. See ``benchmarks/README.md`` (gpu-check).
+    python scripts/gpu_check.py --out gpu-check.json             # the in-process parts
+    python scripts/gpu_check.py --pipeline --out gpu-check.json  # dvc repro, toy sizes
+
+Every part runs in a child process of its own with its own time box (``PARTS`` below,
+cheapest first). After each, its result is written into ``--out`` (rewritten whole: it is
+always valid JSON; parts already there from an earlier invocation are kept unless run
+again) and printed as one JSON line. A part that raises records its error and traceback,
+one killed at its box or dying (out of memory, a segfault) records why and whatever it
+had reported so far (``partial``); the other parts still run. Children's output goes to
+``--out`` with ``.log`` for a suffix. ``environment`` always runs first: without a CUDA
+device the check stops there, says so in one line on stderr and exits 2. Exit code 1:
+some part failed, timed out or was skipped. ``--device cpu --quick`` runs every part at
+toy sizes on the CPU (to develop the script). See ``benchmarks/README.md`` (gpu-check).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
-import traceback
-from collections.abc import Callable
+import warnings
+from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "scripts") not in sys.path:  # its helper modules, however this file is run
     sys.path.insert(0, str(ROOT / "scripts"))
-BIN = Path(sys.executable).parent
-NO_CUDA = (
-    "gpu-check: no CUDA device (torch.cuda.is_available() is False); "
-    "run it on a machine with an NVIDIA GPU"
-)
-PIPELINE_METRICS = {"map": "sgd", "swa": "swag", "swag": "swag"}  # predictor: its trajectory
-RERUN = ("pretrain", "finetune@swag")
-RERUN_FILES = ("models/pretrain/posterior.pt", "models/swag/posterior.pt")
+
+from gpu_check_runner import NO_CUDA, Context, Part, child_main, run_parts  # noqa: E402
+
+BUDGET_S = 480.0
+TEST_PARTS = "GPU_CHECK_TEST_PARTS"  # tests only: a .py file whose PARTS replace these
+PACKAGES = ("torch", "numpy", "torchvision", "pillow", "pyyaml", "dvc", "mlflow", "swa-gaussian")
 
 
-def _env(repo: Path) -> dict[str, str]:
-    """The stages' environment: the venv first on PATH, MLflow in the scratch repo,
-    no inherited MLflow or DVC settings, telemetry off, a git identity."""
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    out["PATH"] = f"{BIN}{os.pathsep}{out.get('PATH', '')}"
-    out["MLFLOW_TRACKING_URI"] = f"sqlite:///{repo / 'mlflow.db'}"
-    out["MLFLOW_DISABLE_TELEMETRY"] = "true"
-    out["DVC_NO_ANALYTICS"] = "1"
-    out["GIT_AUTHOR_NAME"] = out["GIT_COMMITTER_NAME"] = "gpu-check"
-    out["GIT_AUTHOR_EMAIL"] = out["GIT_COMMITTER_EMAIL"] = "gpu-check@example.invalid"
-    return out
-
-
-def scratch_repo(repo: Path, device: str, quick: bool) -> Path:
-    """This checkout's tracked files (as they are on disk) in a fresh git repo, with
-    ``device`` in params.yaml; ``quick``: toy sizes (``gpu_check_parts.toy_pipeline``)."""
-    import yaml
-
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
-    for name in listed.stdout.decode().split("\0"):
-        if name and (ROOT / name).is_file():
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, repo / name)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["device"] = device
-    if quick:
-        from gpu_check_parts import toy_pipeline
-
-        params = toy_pipeline(params)
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "gpu-check"]):
-        subprocess.run(cmd, cwd=repo, env=_env(repo), check=True, capture_output=True)
-    return repo
-
-
-def _dvc(repo: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [str(BIN / "dvc"), *args], cwd=repo, env=_env(repo), capture_output=True, text=True
-    )
-    return proc, round(time.perf_counter() - started, 1)
-
-
-def _sha256(path: Path) -> str | None:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
-def pipeline(repo: Path) -> dict[str, Any]:
-    """``dvc repro`` of the whole pipeline: does it run end to end on the device, how long."""
-    proc, seconds = _dvc(repo, "repro")
-    out: dict[str, Any] = {
-        "ok": proc.returncode == 0,
-        "seconds": seconds,
-        "stages_run": proc.stdout.count("Running stage"),
-    }
-    if proc.returncode != 0:
-        out["error_tail"] = (proc.stderr or proc.stdout)[-1500:]
-        return out
-    out["test"] = {}
-    for name, trajectory in PIPELINE_METRICS.items():
-        metrics = json.loads((repo / "metrics/evaluate" / trajectory / f"{name}.json").read_text())
-        out["test"][name] = {k: metrics[k] for k in ("accuracy", "nll")}
-    return out
-
-
-def determinism(repo: Path) -> dict[str, Any]:
-    """pretrain and finetune@swag forced a second time: bitwise the first run's files?"""
-    first = {f: _sha256(repo / f) for f in RERUN_FILES}
-    proc, seconds = _dvc(repo, "repro", "--force", "--single-item", *RERUN)
-    second = {f: _sha256(repo / f) for f in RERUN_FILES}
-    out: dict[str, Any] = {
-        "stages": list(RERUN),
-        "rerun_ok": proc.returncode == 0,
-        "rerun_seconds": seconds,
-        "sha256": {f: [first[f], second[f]] for f in RERUN_FILES},
-        "bitwise_equal": proc.returncode == 0 and None not in first.values() and first == second,
-    }
-    if proc.returncode != 0:
-        out["error_tail"] = (proc.stderr or proc.stdout)[-1500:]
-    return out
-
-
-def guarded(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
-    """``fn(*args)``, or the error it raised: one failing measurement (a kernel without a
-    deterministic implementation, out of memory) must not cost the others' numbers."""
+def _numerics() -> dict[str, str] | str:
+    """The CPU side as the stages compute (threads, pinned instruction set), or why not."""
     try:
-        return fn(*args)
-    except Exception as err:  # reported in the JSON, the traceback on stderr
-        traceback.print_exc()
-        return {"error": f"{type(err).__name__}: {err}"[:2000]}
+        from bayesavg.runtime import numerics
+    except ImportError as err:
+        return f"bayesavg not importable: {err}"
+    return numerics.describe()
+
+
+def environment(ctx: Context) -> dict[str, Any]:
+    """What ran where: Python, torch, CUDA, the GPU, its driver, the packages the other
+    parts need (missing ones explain their errors); a one-kernel CUDA smoke test."""
+    import torch
+
+    packages: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    out: dict[str, Any] = {
+        "requested_device": ctx.device,
+        "quick": ctx.quick,
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "numerics": _numerics(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "packages": packages,
+        "swag_importable": util.find_spec("swag") is not None,
+    }
+    with warnings.catch_warnings(record=True) as caught:  # why CUDA is not available
+        warnings.simplefilter("always")
+        out["cuda_available"] = torch.cuda.is_available()
+    out["cuda_warnings"] = [str(w.message)[:500] for w in caught]
+    smi = shutil.which("nvidia-smi")
+    query = "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm"
+    try:
+        proc = subprocess.run(
+            [smi or "nvidia-smi", query, "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        out["nvidia_smi"] = (proc.stdout or proc.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as err:  # its absence is the finding
+        out["nvidia_smi"] = f"{type(err).__name__}: {err}"
+    if out["cuda_available"]:
+        props = torch.cuda.get_device_properties(0)
+        out.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            capability=f"{props.major}.{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            bf16_supported=torch.cuda.is_bf16_supported(),
+        )
+        x = torch.randn(256, 256, device="cuda")
+        out["cuda_smoke_ok"] = bool(torch.isfinite(x @ x).all().item())
+    elif ctx.device.startswith("cuda"):
+        out["error"] = NO_CUDA
+    return out
+
+
+def _throughput(model: str) -> Any:
+    """The throughput part of ``model``, imported in the child only."""
+
+    def run(ctx: Context) -> dict[str, Any]:
+        from gpu_check_throughput import throughput
+
+        return throughput(model, ctx)
+
+    return run
+
+
+def _lazy(module: str, name: str) -> Any:
+    """``module.name`` imported in the child only: the parent imports no torch."""
+
+    def run(ctx: Context) -> dict[str, Any]:
+        return getattr(__import__(module), name)(ctx)
+
+    return run
+
+
+# Cheapest first, each with its time box in seconds. Estimated on one H100 (16 CPU
+# cores; the assumptions and the table are in benchmarks/README.md, gpu-check), a
+# child's start (Python, torch, CUDA) included: environment ~8 s, bf16_vs_fp32 ~20 s,
+# determinism ~25 s, cpu_vs_cuda ~30 s, evaluation ~35 s, throughput.preresnet20 ~35 s,
+# throughput.wideresnet28x10 ~80 s: ~4 min. The boxes, ~2x that, sum to 470 s <= the
+# 480 s budget less the parent's margin, and a part is killed at its box: the
+# invocation ends within its budget whatever the estimates' error.
+PARTS: tuple[Part, ...] = (
+    Part("environment", 30, environment, "versions, GPU, driver, packages"),
+    Part("bf16_vs_fp32", 45, _lazy("gpu_check_parts", "bf16_vs_fp32"), "short run x2"),
+    Part("determinism", 60, _lazy("gpu_check_determinism", "determinism"), "2 runs, bytes"),
+    Part("cpu_vs_cuda", 60, _lazy("gpu_check_parts", "cpu_vs_cuda"), "short run on each"),
+    Part("evaluation", 80, _lazy("gpu_check_evaluation", "evaluation"), "30-sample SWAG"),
+    Part("throughput.preresnet20", 75, _throughput("preresnet20"), "images/s, 3 loops"),
+    Part("throughput.wideresnet28x10", 120, _throughput("wideresnet28x10"), "images/s"),
+)
+PIPELINE_PARTS: tuple[Part, ...] = (
+    Part("pipeline", 470, _lazy("gpu_check_pipeline", "pipeline"), "dvc repro, toy sizes"),
+)
+
+
+def part_table(pipeline: bool) -> tuple[Part, ...]:
+    """The parts of one invocation (tests: those of the file named by ``$GPU_CHECK_TEST_PARTS``)."""
+    fake = os.environ.get(TEST_PARTS)
+    if fake:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("gpu_check_test_parts", fake)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return tuple(module.PARTS)
+    return PIPELINE_PARTS if pipeline else PARTS
+
+
+def _table_help() -> str:
+    rows = [f"  {p.name:<28} {p.box_s:>4.0f} s  {p.what}" for p in (*PARTS, *PIPELINE_PARTS)]
+    return "parts, in order, with their time boxes:\n" + "\n".join(rows)
+
+
+def _setup(device: str, quick: bool) -> None:
+    """A child's set-up, as a stage's: pinned CPU numerics (thread count, instruction
+    set) before torch is imported, and deterministic cuBLAS's workspace (it must be set
+    before the first cuBLAS call; ``seeding.seed_everything`` asks for it on CUDA)."""
+    if quick and device == "cpu":
+        # A smoke run, often beside other jobs: one thread each avoids the OpenMP threads
+        # waiting on each other, which can slow a busy machine's run down tenfold.
+        os.environ.setdefault("BAYESAVG_THREADS", "1")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        from bayesavg.runtime import numerics
+    except ImportError as err:  # environment still reports; the other parts fail on it
+        print(f"gpu-check: bayesavg not importable, numerics not pinned: {err}", flush=True)
+        return
+    numerics.pin()
+
+
+def _child(args: argparse.Namespace, table: tuple[Part, ...]) -> None:
+    """``--run-part``: the one part, in this process (never returns)."""
+    part = next(p for p in table if p.name == args.run_part)
+    ctx = Context(args.device, args.quick, args.deadline, Path(args.result), Path(args.out))
+    child_main(part, ctx, lambda: _setup(args.device, args.quick))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=_table_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument("--quick", action="store_true", help="toy sizes (a smoke run)")
-    parser.add_argument("--skip-pipeline", action="store_true", help="no dvc repro runs")
+    parser.add_argument("--out", default="gpu-check.json", help="the JSON file (merged into)")
+    parser.add_argument("--pipeline", action="store_true", help="the dvc repro part alone")
+    parser.add_argument("--parts", help="comma-separated names (environment always runs)")
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds, all parts")
+    for hidden in ("--run-part", "--result"):  # a child's own arguments
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    # Deterministic cuBLAS (as the stages ask for, seeding.seed_everything) needs this set
-    # before the first cuBLAS call of the process.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    import torch
+    # SIGTERM (a time limit around this script) as an exception: the running part's
+    # process group is killed on the way out (gpu_check_runner._wait)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    table = part_table(args.pipeline)
+    if args.run_part:
+        _child(args, table)
+    parts = list(table)
+    if args.parts:
+        wanted = set(args.parts.split(","))
+        unknown = wanted - {p.name for p in table}
+        if unknown:
+            parser.error(f"unknown parts {sorted(unknown)}; known: {[p.name for p in table]}")
+        parts = [p for p in table if p.name in wanted or p.name == "environment"]
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv_child = [sys.executable, str(Path(__file__).resolve()), "--device", args.device]
+    argv_child += ["--quick"] * args.quick + ["--pipeline"] * args.pipeline
+    invocation = {
+        "argv": sys.argv[1:] if argv is None else argv,
+        "budget_s": args.budget,
+        "boxes_s": {p.name: p.box_s for p in parts},
+    }
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    def stop(name: str, result: dict[str, Any]) -> str | None:
+        return "no CUDA device" if result.get("error") == NO_CUDA else None
+
+    started = time.monotonic()
+    results = run_parts(parts, argv_child, out, args.budget, invocation, stop)
+    print(f"gpu-check: {out} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if any(r.get("error") == NO_CUDA for r in results.values()):
         print(NO_CUDA, file=sys.stderr)
         return 2
-    device = torch.device(args.device)
-    if args.quick and device.type == "cpu":
-        # A smoke run, often beside other jobs: one thread each avoids the OpenMP threads
-        # waiting on each other, which can slow a busy machine's run down tenfold.
-        torch.set_num_threads(1)
-    started = time.perf_counter()
-    out: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda if device.type == "cuda" else None,
-        "python": platform.python_version(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "quick": args.quick,
-        "cpu_threads": torch.get_num_threads(),
-    }
-    if not args.skip_pipeline:  # first: its stages have the GPU to themselves
-        with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
-            repo = Path(tmp)
-            made = guarded(lambda: {"repo": str(scratch_repo(repo, str(device), args.quick))})
-            out["pipeline"] = made if "error" in made else guarded(pipeline, repo)
-            ran = out["pipeline"].get("ok", False)
-            out["determinism"] = (
-                guarded(determinism, repo) if ran else {"skipped": "the pipeline failed"}
-            )
-    import gpu_check_parts as parts
-    from gpu_check_throughput import throughput
-
-    size = parts.Size.quick() if args.quick else parts.Size.full()
-    out["cpu_vs_cuda"] = guarded(parts.cpu_vs_cuda, device, size)
-    out["bf16_vs_fp32"] = guarded(parts.bf16_vs_fp32, device, size)
-    out["throughput"] = {
-        name: guarded(throughput, name, device, size) for name in size.throughput_models
-    }
-    out["evaluation"] = guarded(parts.evaluation, device, size)
-    out["peak_memory_mib"] = parts.peak_memory(out)
-    out["seconds"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(out, indent=2))
-    return 0
+    failed = [n for n, r in results.items() if {"error", "skipped"} & set(r)]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

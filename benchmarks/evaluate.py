@@ -1,6 +1,6 @@
 """(b) 30-sample SWAG evaluation on the test split.
 
-``bayesavg.evaluate.evaluate`` against the lower bound of S forward passes
+``bayesavg.evaluation.evaluate.evaluate`` against the lower bound of S forward passes
 (plus S BatchNorm passes over the training data for a BN model) and against
 a straightforward per-sample loop with state dicts,
 ``torch.optim.swa_utils.update_bn`` and DataLoaders.
@@ -32,7 +32,7 @@ from torch.optim.swa_utils import update_bn as torch_update_bn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bayesavg import models
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile
 from bayesavg.seeding import generator

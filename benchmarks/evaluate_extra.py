@@ -17,9 +17,9 @@ from evaluate import run_bound, run_ours
 from timing import Variant, interleave, per_round_ratios, ratio, ratio_fields, rounded, warm_up
 
 from bayesavg.config import load_params
-from bayesavg.data import to_input
-from bayesavg.extra_sets import ood_images, shift_subset, shifted
-from bayesavg.shift import shifts
+from bayesavg.data.extra_sets import ood_images, shift_subset, shifted
+from bayesavg.data.prepared import to_input
+from bayesavg.data.shift import shifts
 from bayesavg.training.train import Tensors
 
 PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"

@@ -50,7 +50,7 @@ from timing import (
 )
 
 from bayesavg.config import Params, parse_params
-from bayesavg.data import Prepared, Split, channel_stats
+from bayesavg.data.prepared import Prepared, Split, channel_stats
 from bayesavg.models import build_model
 from bayesavg.training.augment import Augment
 from bayesavg.training.distributed import World

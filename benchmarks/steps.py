@@ -13,9 +13,9 @@ from timing import Outcome, Stopwatch, interleave, per_round_ratios, warm_up
 from torch import nn
 
 from bayesavg.posteriors import HWA, MeanFieldVI, svi_step
-from bayesavg.sgld import SGLD
 from bayesavg.training.sam import sam_step
 from bayesavg.training.train import Tensors, sgd, sgd_step
+from bayesavg.trajectories.sgld import SGLD
 
 KINDS = ("sgd", "sam", "sgld", "svi", "svi+hwa")
 RATIOS = (("sam", "sgd"), ("sgld", "sgd"), ("svi", "sgd"), ("svi+hwa", "svi"))

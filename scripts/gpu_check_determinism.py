@@ -10,7 +10,7 @@ import torch
 from gpu_check_parts import Size, cifar_setup, digest, short_run, what
 from gpu_check_runner import Context
 
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.trajectories import compute_for, finetune, initial_network
 
 

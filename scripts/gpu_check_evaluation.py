@@ -11,7 +11,7 @@ from gpu_check_parts import Size, cifar_setup, paced, peak_mib, reset_peak, rota
 from gpu_check_runner import Context
 from torch import nn
 
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.models import for_inference
 from bayesavg.trajectories import finetune, initial_network
 

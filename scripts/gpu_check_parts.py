@@ -17,9 +17,9 @@ import yaml
 from gpu_check_runner import Context
 
 from bayesavg.config import Params, parse_params
-from bayesavg.data import NORMALISATION, Prepared, prepare
-from bayesavg.datasets import Split
-from bayesavg.evaluate import evaluate
+from bayesavg.data.datasets import Split
+from bayesavg.data.prepared import NORMALISATION, Prepared, prepare
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.trajectories import compute_for, finetune, pretrain_members
 
 ROOT = Path(__file__).resolve().parents[1]

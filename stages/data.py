@@ -5,7 +5,7 @@ from _common import MANIFEST, PREPARED, main, mark_outputs, params, prepared_dat
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
-    from bayesavg.data import prepare
+    from bayesavg.data.prepared import prepare
 
     p = params()
     d = p.data

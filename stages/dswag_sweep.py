@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import torch
 
     from bayesavg.config import DSWAGTrajectory, Params
-    from bayesavg.data import Prepared
+    from bayesavg.data.prepared import Prepared
     from bayesavg.posteriors.file import PosteriorFile
 
 PREDICTORS = {"fedavg": "map", "dswa": "swa", "dswag": "swag"}
@@ -53,8 +53,8 @@ def sweep_model(trajectory: str, w: int) -> Path:
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
-    from bayesavg.data import load_prepared
-    from bayesavg.dswag import finetune_dswag
+    from bayesavg.data.prepared import load_prepared
+    from bayesavg.dswag.rounds import finetune_dswag
     from bayesavg.posteriors.file import load_posterior
     from bayesavg.runtime.launch import is_rank
     from bayesavg.seeding import resolve_device
@@ -112,11 +112,11 @@ def _point(
     device: torch.device,
 ) -> None:
     """Train the sweep's trajectory on ``w`` clients, evaluate it, write its files."""
-    from bayesavg.dswag import finetune_dswag
-    from bayesavg.evaluate import bn_subset, evaluate
+    from bayesavg.analyses.sweep import rounds_to_target, sigma_distance
+    from bayesavg.dswag.rounds import finetune_dswag
+    from bayesavg.evaluation.evaluate import bn_subset, evaluate
     from bayesavg.posteriors.file import save_posterior
     from bayesavg.seeding import derive_seed
-    from bayesavg.sweep import rounds_to_target, sigma_distance
 
     sweep = p.evaluate.dswag_sweep
     stage = f"dswag_sweep@{w}"

@@ -38,11 +38,11 @@ if TYPE_CHECKING:
     import torch
 
     from bayesavg.config import Params
-    from bayesavg.data import Prepared
-    from bayesavg.datasets import Split
-    from bayesavg.evaluate import Evaluation
+    from bayesavg.data.datasets import Split
+    from bayesavg.data.prepared import Prepared
+    from bayesavg.data.shift import Shift
+    from bayesavg.evaluation.evaluate import Evaluation
     from bayesavg.posteriors.file import PosteriorFile
-    from bayesavg.shift import Shift
     from bayesavg.training.distributed import World
 
 SHIFT_KEYS = ("accuracy", "nll", "ece", "brier", "entropy")
@@ -64,11 +64,11 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
     """The prepared data, the posterior, BN images, splits (test, val, shifted test) and
     OOD images for the predictors of ``trajectory``, model-ready on ``device``. The BN
     images are loaded when the model has BatchNorm and some predictor recomputes it."""
-    from bayesavg.data import load_prepared
-    from bayesavg.evaluate import bn_subset, needs_bn_data
-    from bayesavg.extra_sets import ood_images, shift_subset, shifted
+    from bayesavg.data.extra_sets import ood_images, shift_subset, shifted
+    from bayesavg.data.prepared import load_prepared
+    from bayesavg.data.shift import shifts
+    from bayesavg.evaluation.evaluate import bn_subset, needs_bn_data
     from bayesavg.posteriors.file import load_posterior
-    from bayesavg.shift import shifts
 
     e = p.evaluate
     data = load_prepared(PREPARED)
@@ -107,7 +107,7 @@ def predict(
     p: Params, name: str, found: Inputs, world: World, device: torch.device
 ) -> dict[str, Evaluation]:
     """This rank's share of the BMA (``evaluate``); the results on rank 0, {} on others."""
-    from bayesavg.evaluate import evaluate, needs_bn_data
+    from bayesavg.evaluation.evaluate import evaluate, needs_bn_data
     from bayesavg.seeding import derive_seed
     from bayesavg.training.precision import precision_for
 
@@ -150,7 +150,7 @@ TEMPERATURES: dict[str, float] = {}
 
 
 def _fit(name: str, log_probs: torch.Tensor, y: torch.Tensor) -> float:
-    from bayesavg.calibration import fit_temperature
+    from bayesavg.predictors.calibration import fit_temperature
 
     try:
         return fit_temperature(log_probs, y)
@@ -209,9 +209,9 @@ def _args(p: Params) -> tuple[str, list[str]]:
 
 def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.device) -> None:
     """Rank 0's part for one predictor: its run, the BMA, sharpness, its files."""
-    from bayesavg.evaluate import bn_subset, method_of, needs_bn_data
+    from bayesavg.evaluation.evaluate import bn_subset, method_of, needs_bn_data
     from bayesavg.predict import MODEL_CODE, PredictorConfig
-    from bayesavg.sampling import sigma_ratio
+    from bayesavg.predictors.sampling import sigma_ratio
     from bayesavg.seeding import derive_seed
 
     pred, e = p.evaluate.by_name[name], p.evaluate
@@ -319,7 +319,7 @@ def _sharpness(
     """Sharpness at the predictor's centre(s). Predictors of one trajectory whose methods
     share a centre (swa, swag_diag and swag: the snapshot mean) and its BatchNorm
     treatment get the same numbers, computed once."""
-    from bayesavg.evaluate import centre_sharpness, method_of
+    from bayesavg.evaluation.evaluate import centre_sharpness, method_of
     from bayesavg.seeding import derive_seed
 
     key = (id(found.posterior), method_of(method).centre, bn_x is not None)

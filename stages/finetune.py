@@ -32,8 +32,8 @@ from bayesavg.runtime.errors import UserError
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
     from bayesavg.config import DSWAGTrajectory, LaplaceTrajectory
-    from bayesavg.data import load_prepared
-    from bayesavg.dswag import finetune_dswag
+    from bayesavg.data.prepared import load_prepared
+    from bayesavg.dswag.rounds import finetune_dswag
     from bayesavg.posteriors.file import load_posterior, save_posterior
     from bayesavg.seeding import device_model, resolve_device
     from bayesavg.training.distributed import current_world, leave, local_device

@@ -7,7 +7,7 @@ Every probe is a unit with its own MLflow run, metrics and plot files, named as
 data it loads once (one DVC stage: a stage per probe cost more in start-up and
 DVC bookkeeping than most probes compute).
 
-A trajectory's centre is ``bayesavg.sampling.trajectory_centre`` (the SWA or HWA mean,
+A trajectory's centre is ``bayesavg.predictors.sampling.trajectory_centre`` (the SWA or HWA mean,
 else the final weights). BatchNorm is recomputed at every point from the evaluate
 stages' images; on a network with BatchNorm the SGD end therefore differs from the
 map predictor, which keeps its trained statistics.
@@ -75,9 +75,9 @@ class _Context:
         return cls._built
 
     def __init__(self, p: Params, like: Any) -> None:
-        from bayesavg.data import load_prepared
-        from bayesavg.evaluate import bn_subset
-        from bayesavg.landscape import Probe
+        from bayesavg.analyses.landscape import Probe
+        from bayesavg.data.prepared import load_prepared
+        from bayesavg.evaluation.evaluate import bn_subset
         from bayesavg.seeding import derive_seed, resolve_device
 
         self.device = resolve_device(p.device)
@@ -99,10 +99,10 @@ class _Context:
 
 
 def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
-    from bayesavg.landscape import line
+    from bayesavg.analyses.landscape import line
     from bayesavg.models import for_inference
     from bayesavg.posteriors.file import load_posterior
-    from bayesavg.sampling import trajectory_centre
+    from bayesavg.predictors.sampling import trajectory_centre
 
     spec = p.evaluate.landscape.lines[name]
     a, b = load_posterior(_posterior_file(spec.a)), load_posterior(_posterior_file(spec.b))
@@ -140,10 +140,10 @@ def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
 
 
 def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
-    from bayesavg.landscape import filter_normalise, random_directions, ray, ray_width
+    from bayesavg.analyses.landscape import filter_normalise, random_directions, ray, ray_width
     from bayesavg.models import for_inference
     from bayesavg.posteriors.file import load_posterior
-    from bayesavg.sampling import trajectory_centre
+    from bayesavg.predictors.sampling import trajectory_centre
     from bayesavg.seeding import derive_seed
 
     rp = p.evaluate.landscape.rays
@@ -184,12 +184,12 @@ def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
 
 
 def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
-    from bayesavg.landscape import principal_directions, ray
+    from bayesavg.analyses.landscape import principal_directions, ray
+    from bayesavg.analyses.sweep import sigma_distance
     from bayesavg.models import for_inference
     from bayesavg.posteriors import SWAG
     from bayesavg.posteriors.file import load_posterior
     from bayesavg.seeding import derive_seed
-    from bayesavg.sweep import sigma_distance
 
     sp = p.evaluate.landscape.swag
     posterior = load_posterior(_posterior_file(name))
@@ -229,9 +229,9 @@ def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, fl
 
 
 def _plane(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
-    from bayesavg.data import load_prepared
+    from bayesavg.analyses.plane import loss_plane
+    from bayesavg.data.prepared import load_prepared
     from bayesavg.models import for_inference
-    from bayesavg.plane import loss_plane
     from bayesavg.posteriors.file import load_posterior
     from bayesavg.seeding import derive_seed, resolve_device
 

@@ -34,7 +34,7 @@ INIT = Path("models/init/posterior.pt")
 
 def run() -> None:
     # Imported here, not above: torch loads while _common.main's tracking worker starts.
-    from bayesavg.data import load_prepared
+    from bayesavg.data.prepared import load_prepared
     from bayesavg.posteriors.file import save_posterior
     from bayesavg.seeding import device_model, resolve_device
     from bayesavg.training.distributed import current_world, leave, local_device
@@ -74,7 +74,7 @@ def run() -> None:
 
 
 def _init(p: Params) -> None:
-    from bayesavg.data import load_prepared
+    from bayesavg.data.prepared import load_prepared
     from bayesavg.posteriors.file import save_posterior
     from bayesavg.trajectories import initial_network
 

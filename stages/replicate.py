@@ -5,7 +5,7 @@
 pretraining and every trajectory with that seed on the same data split
 (`seeds/<seed>/models/<t>/posterior.pt`) and `evaluate` every predictor on the
 test split (`seeds/<seed>/results/metrics.json` and the per-point
-log-probabilities `predictions.npz`, `bayesavg.replicate`): a predictor's
+log-probabilities `predictions.npz`, `bayesavg.seeds.replicate`): a predictor's
 change reruns the predictions at every seed, not the training. The pipeline's
 own seed is its stages, whose files the report reads where they are: its two
 stages only write a marker saying so, and read nothing. One MLflow run each,
@@ -49,10 +49,10 @@ def run() -> None:
 
 
 def _finetune(p: Params, out: Path) -> None:
-    from bayesavg.data import load_prepared
+    from bayesavg.data.prepared import load_prepared
     from bayesavg.posteriors.file import save_posterior
-    from bayesavg.replicate import posteriors
     from bayesavg.seeding import resolve_device
+    from bayesavg.seeds.replicate import posteriors
 
     found = posteriors(p, load_prepared(PREPARED), resolve_device(p.device))
     for name in p.finetune:
@@ -60,11 +60,11 @@ def _finetune(p: Params, out: Path) -> None:
 
 
 def _evaluate(p: Params, models: Path, out: Path, mlrun: Any) -> None:
-    from bayesavg.data import load_prepared
+    from bayesavg.data.prepared import load_prepared
     from bayesavg.posteriors.file import load_posterior
-    from bayesavg.replicate import predictions
     from bayesavg.runtime.io import write_npz
     from bayesavg.seeding import resolve_device
+    from bayesavg.seeds.replicate import predictions
 
     prepared = load_prepared(PREPARED)
     used = {pred.trajectory for pred in p.evaluate.by_name.values()}

@@ -7,9 +7,9 @@ stage never causes downstream re-runs by itself.
 
 from _common import RUNS, main, params
 
+from bayesavg.data.shift import shifts
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_json
-from bayesavg.shift import shifts
 
 
 def run() -> None:

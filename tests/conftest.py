@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from bayesavg.data import Prepared, prepare, to_input
+from bayesavg.data.prepared import Prepared, prepare, to_input
 from bayesavg.models import build_model
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile, save_posterior

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from bayesavg.config import parse_params
-from bayesavg.data import Prepared, channel_stats
-from bayesavg.datasets import Split
+from bayesavg.data.datasets import Split
+from bayesavg.data.prepared import Prepared, channel_stats
 from bayesavg.posteriors.file import PosteriorFile
 from bayesavg.runtime.checkpoint import Checkpoint
 from bayesavg.training.distributed import World

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from bayesavg.config import DSWAGTrajectory
-from bayesavg.dswag import run_dswag
+from bayesavg.dswag.rounds import run_dswag
 from bayesavg.models import build_model
 from bayesavg.training.batches import Tensors
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bayesavg.evaluate import Evaluation, evaluate
+from bayesavg.evaluation.evaluate import Evaluation, evaluate
 from bayesavg.models import build_model
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from bayesavg.config import Params
-from bayesavg.data import Prepared, load_prepared, to_input
-from bayesavg.datasets import Split
-from bayesavg.evaluate import evaluate
+from bayesavg.data.datasets import Split
+from bayesavg.data.prepared import Prepared, load_prepared, to_input
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.trajectories import finetune, pretrain
 
 TRAIN, TEST, BATCH = 512, 200, 32

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import PreparedDir, TinyPosteriors
 
-from bayesavg.calibration import apply_temperature, fit_temperature, tempered_nll
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors.file import load_posterior
 from bayesavg.predict import Predictor, PredictorConfig
+from bayesavg.predictors.calibration import apply_temperature, fit_temperature, tempered_nll
 
 
 def _planted(

@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from bayesavg.cli import main
-from bayesavg.data import to_input
+from bayesavg.data.prepared import to_input
 from bayesavg.models import build_model
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import load_posterior, save_posterior
@@ -490,7 +490,7 @@ def test_bn_update_fraction_is_the_pipelines_subset(
 ) -> None:
     """--bn-update-fraction recomputes BatchNorm on the same images the evaluate stage
     uses for that fraction (bn_subset of the training split with the data seed)."""
-    from bayesavg.evaluate import bn_subset, evaluate
+    from bayesavg.evaluation.evaluate import bn_subset, evaluate
 
     prepared = mnist5k_prepared.prepared
     posterior = load_posterior(bn_swag_posterior)
@@ -542,11 +542,11 @@ def test_shift_and_ood_in_one_pass_match_separate_evaluations(
     """--shift and --ood add forwards to the same samples: a shifted set's metrics equal an
     evaluation of the shifted images on their own, and the OOD scores of the averaged
     prediction equal those computed from two separate evaluations' BMAs."""
-    from bayesavg.evaluate import evaluate
-    from bayesavg.ood import detection_metrics, ood_scores_from_log
-    from bayesavg.ood_data import load_ood
+    from bayesavg.data.ood_data import load_ood
+    from bayesavg.data.shift import parse
+    from bayesavg.evaluation.evaluate import evaluate
+    from bayesavg.evaluation.ood import detection_metrics, ood_scores_from_log
     from bayesavg.seeding import derive_seed
-    from bayesavg.shift import parse
 
     out = tmp_path / "m.json"
     args = _evaluate_args(tiny_posteriors.swag, "swag", "mnist5k", out, "--samples", "4")

@@ -252,7 +252,7 @@ def test_compute_is_a_frozen_value() -> None:
 
 
 def test_published_normalisation_for_known_datasets_else_the_splits_own() -> None:
-    from bayesavg.data import channel_stats, normalisation
+    from bayesavg.data.prepared import channel_stats, normalisation
 
     x = torch.randint(0, 256, (20, 3, 4, 4), dtype=torch.uint8)
     assert normalisation("cifar10", x) == ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010])

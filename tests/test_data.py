@@ -16,7 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
-from bayesavg.data import (
+from bayesavg.data.datasets import Split, load_imagefolder, load_source
+from bayesavg.data.prepared import (
     channel_stats,
     load_eval_split,
     load_prepared,
@@ -24,7 +25,6 @@ from bayesavg.data import (
     stratified_split,
     to_input,
 )
-from bayesavg.datasets import Split, load_imagefolder, load_source
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file
 

@@ -181,7 +181,7 @@ def test_batches_are_normalised_and_augmented_on_the_images_device() -> None:
 
 
 def test_monitoring_and_dswag_sums_stay_on_the_device() -> None:
-    from bayesavg.dswag import _sums
+    from bayesavg.dswag.rounds import _sums
 
     model = _Net().to(META)
     data = Tensors(*_batch())

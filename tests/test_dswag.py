@@ -25,9 +25,9 @@ from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, prune_landscape, sh
 from ranks import spawn_ranks
 from torch.nn.utils import parameters_to_vector
 
-from bayesavg import dswag
 from bayesavg.config import parse_params
-from bayesavg.federated import sample_clients
+from bayesavg.dswag import rounds as dswag
+from bayesavg.dswag.federated import sample_clients
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import load_theta
 from bayesavg.runtime import numerics

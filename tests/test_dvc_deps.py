@@ -66,7 +66,7 @@ def test_a_changed_dep_makes_the_stage_stale() -> None:
     evaluate@* includes the sampling code, so a fix to SWAG.sample reruns
     every SWAG metric."""
     deps = STAGES["evaluate"]["deps"]
-    for path in ("src/bayesavg/posteriors/swag.py", "src/bayesavg/sampling.py"):
+    for path in ("src/bayesavg/posteriors/swag.py", "src/bayesavg/predictors/sampling.py"):
         assert covered(path, deps), path
 
 

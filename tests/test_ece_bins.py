@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from bayesavg.data import to_input
-from bayesavg.evaluate import evaluate
-from bayesavg.metrics import classification_metrics, ece, reliability
+from bayesavg.data.prepared import to_input
+from bayesavg.evaluation.evaluate import evaluate
+from bayesavg.evaluation.metrics import classification_metrics, ece, reliability
 from bayesavg.posteriors.file import load_posterior
 from bayesavg.runtime.io import write_csv
 

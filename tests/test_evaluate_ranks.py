@@ -20,11 +20,11 @@ import torch
 from evaluate_workers import CASES, inputs, plain, posterior, rank_main, run_case
 from ranks import spawn_ranks
 
-from bayesavg.evaluate import log_softmax_predictions, method_of
+from bayesavg.evaluation.evaluate import log_softmax_predictions, method_of
 from bayesavg.models import for_inference, has_batchnorm
 from bayesavg.posteriors.file import load_theta
+from bayesavg.predictors.sampling import draws
 from bayesavg.runtime import numerics
-from bayesavg.sampling import draws
 from bayesavg.seeding import derive_seed, isolated_rng
 from bayesavg.training.batchnorm import update_bn
 from bayesavg.training.precision import Precision

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from bayesavg.datasets import Split
-from bayesavg.extra_sets import ood_images, shift_subset, shifted
+from bayesavg.data.datasets import Split
+from bayesavg.data.extra_sets import ood_images, shift_subset, shifted
+from bayesavg.data.shift import parse, rotate, shifts
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_npz
-from bayesavg.shift import parse, rotate, shifts
 
 
 def _split(n: int = 30) -> Split:

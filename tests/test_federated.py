@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from bayesavg.federated import (
+from bayesavg.dswag.federated import (
     DIRICHLET_ATTEMPTS,
     dirichlet_split,
     fedavg_weights,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bayesavg.intervals import FULL, bootstrap, mcnemar, paired_bootstrap, resample_counts
-from bayesavg.metrics import ece
+from bayesavg.evaluation.metrics import ece
+from bayesavg.report.intervals import FULL, bootstrap, mcnemar, paired_bootstrap, resample_counts
 
 
 def _case(seed: int, n: int = 300, k: int = 4, shift: float = 0.0) -> tuple[torch.Tensor, ...]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from bayesavg.landscape import (
+from bayesavg.analyses.landscape import (
     Probe,
     evaluate_at,
     filter_normalise,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_methods import CPU, SGD, _params, _split
 
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors.file import PosteriorFile, load_posterior, load_theta, save_posterior
 from bayesavg.posteriors.last_layer_laplace import LastLayerLaplace
 from bayesavg.runtime.errors import UserError

@@ -15,15 +15,15 @@ from pipeline_repo import prune_landscape
 from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, parse_params
-from bayesavg.evaluate import centre_sharpness, evaluate, method_of
+from bayesavg.evaluation.evaluate import centre_sharpness, evaluate, method_of
+from bayesavg.evaluation.sharpness import sam_sharpness
 from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posteriors.file import PosteriorFile, load_theta
+from bayesavg.predictors.sampling import centres
 from bayesavg.runtime.errors import UserError
-from bayesavg.sampling import centres
 from bayesavg.seeding import derive_seed
-from bayesavg.sgld import SGLD
-from bayesavg.sharpness import sam_sharpness
 from bayesavg.trajectories import finetune, pretrain, pretrain_members
+from bayesavg.trajectories.sgld import SGLD
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")

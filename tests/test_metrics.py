@@ -8,7 +8,7 @@ import pytest
 import torch
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from bayesavg.metrics import (
+from bayesavg.evaluation.metrics import (
     accuracy,
     brier,
     classification_metrics,

@@ -1,5 +1,5 @@
 """Posteriors as MLflow models: the pyfunc round trip, no pickle, the registry, and a real
-`mlflow models serve` answering HTTP with the probabilities `bayesavg.evaluate` gives."""
+`mlflow models serve` answering HTTP with the probabilities `bayesavg.evaluation.evaluate` gives."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors.file import load_posterior
 from bayesavg.predict import MODEL_CODE
 from bayesavg.runtime.io import sha256_file

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_methods import CPU, SGD, _params, _split
 
-from bayesavg.evaluate import evaluate
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile, load_theta
 from bayesavg.runtime.errors import UserError

@@ -14,8 +14,8 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 
-from bayesavg import ood_data
-from bayesavg.ood import (
+from bayesavg.data import ood_data
+from bayesavg.evaluation.ood import (
     OODAccumulator,
     auroc,
     average_precision,

@@ -28,7 +28,7 @@ import yaml
 from pipeline_repo import BIN, ROOT, default_params, env, make_repo, sh
 from stage_deps import covered
 
-from bayesavg.methods import REGISTRY
+from bayesavg.config.methods import REGISTRY
 
 ENSEMBLE_MEMBERS = 2
 KEPT_TRAJECTORIES = (

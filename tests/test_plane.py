@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from bayesavg.data import to_input
+from bayesavg.analyses.plane import grid_axes, loss_plane, pca_plane, snapshots
+from bayesavg.data.prepared import to_input
 from bayesavg.models import build_model
-from bayesavg.plane import grid_axes, loss_plane, pca_plane, snapshots
 from bayesavg.posteriors import HWA, SWAG, MomentCollector
 from bayesavg.posteriors.file import load_posterior, load_theta
 from bayesavg.runtime.errors import UserError

@@ -4,7 +4,7 @@ For each entry: params with a predictor of the method validate; a trajectory
 that provides what it needs is fine-tuned; the predictor evaluates to finite
 metrics with the expected number of networks; sharpness is measured at its
 centre; a variational method reports sigma / sigma_0; the CLI evaluates it.
-Adding a method to ``bayesavg.methods`` adds a case here automatically.
+Adding a method to ``bayesavg.config.methods`` adds a case here automatically.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pipeline_repo import small_params
 
 from bayesavg.cli import main as cli_main
 from bayesavg.config import Params, parse_params
-from bayesavg.evaluate import centre_sharpness, evaluate
-from bayesavg.methods import PROVIDES, REGISTRY, Method
+from bayesavg.config.methods import PROVIDES, REGISTRY, Method
+from bayesavg.evaluation.evaluate import centre_sharpness, evaluate
 from bayesavg.posteriors.file import PosteriorFile, save_posterior
-from bayesavg.sampling import CENTRES, SAMPLERS, SIGMAS, sigma_ratio
+from bayesavg.predictors.sampling import CENTRES, SAMPLERS, SIGMAS, sigma_ratio
 from bayesavg.trajectories import finetune, pretrain_members
 
 CPU = torch.device("cpu")

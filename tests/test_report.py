@@ -15,7 +15,6 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from bayesavg.intervals import Interval
 from bayesavg.report import (
     PlaneData,
     Predictions,
@@ -28,6 +27,7 @@ from bayesavg.report import (
 )
 from bayesavg.report.blocks import Cell, Heading, Preformatted, Section, Table, TableBlock
 from bayesavg.report.claims import Claim, claim_text
+from bayesavg.report.intervals import Interval
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import landscape, ood, sharpness, shift
 from bayesavg.report.sections.calibration import reliability_layout

@@ -20,11 +20,11 @@ import test_report
 import test_report_analyses
 import test_report_dswag
 
-from bayesavg.intervals import Interval
 from bayesavg.report import ReportInputs, document, write_report
 from bayesavg.report.blocks import Bullets, Details, Heading, Section, TableBlock
 from bayesavg.report.claims import DSWAG_PAPER, Claim, claim_text
 from bayesavg.report.formats import interval_number
+from bayesavg.report.intervals import Interval
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import (
     comparisons,

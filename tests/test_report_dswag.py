@@ -24,7 +24,7 @@ from test_report import (
     no_analyses,  # noqa: F401 (autouse: the analyses section pinned to nothing)
 )
 
-from bayesavg.metrics import accuracy, brier, ece, nll
+from bayesavg.evaluation.metrics import accuracy, brier, ece, nll
 from bayesavg.report import Predictions, PredictorResult, ReportInputs, SweepPoint, write_report
 from bayesavg.report.claims import DSWAG_PAPER as PAPER
 from bayesavg.report.claims import Claim, claim_text

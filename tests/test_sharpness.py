@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, hessian
 
-from bayesavg.sharpness import hessian_trace, sam_sharpness
+from bayesavg.evaluation.sharpness import hessian_trace, sam_sharpness
 
 
 def _setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bayesavg.shift import (
+from bayesavg.data.shift import (
     ANGLES,
     CORRUPTIONS,
     Shift,

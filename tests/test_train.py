@@ -138,7 +138,7 @@ def _svi_params() -> Any:
 
 
 def test_vi_and_hwa_trajectories(mnist5k_prepared: Any) -> None:
-    from bayesavg.evaluate import evaluate
+    from bayesavg.evaluation.evaluate import evaluate
     from bayesavg.posteriors import HWA
 
     params = _svi_params()

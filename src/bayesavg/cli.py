@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from .methods import REGISTRY
+from .config.methods import REGISTRY
 from .runtime import numerics
 from .runtime.entry import run_entry
 from .runtime.errors import UserError
@@ -87,13 +87,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from .data import load_eval_split
-    from .evaluate import bn_subset, evaluate
-    from .extra_sets import ood_images, shifted
+    from .data.extra_sets import ood_images, shifted
+    from .data.prepared import load_eval_split
+    from .data.shift import parse_many as parse_shifts
+    from .evaluation.evaluate import bn_subset, evaluate
     from .posteriors.file import load_posterior
     from .runtime.io import write_csv, write_json
     from .seeding import resolve_device
-    from .shift import parse_many as parse_shifts
 
     if args.predictor not in REGISTRY:
         raise UserError(

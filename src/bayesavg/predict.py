@@ -1,7 +1,7 @@
 """A posterior as a callable predictor: images in, the Bayesian model average out.
 
 What the MLflow model (``bayesavg.mlflow_model``) serves. It runs the same
-``bayesavg.evaluate.evaluate`` as the pipeline and ``bayesavg evaluate``, with
+``bayesavg.evaluation.evaluate.evaluate`` as the pipeline and ``bayesavg evaluate``, with
 the same seed, so for the same images the probabilities are the same.
 """
 
@@ -68,7 +68,7 @@ class Predictor:
         bn_images: torch.Tensor | None = None,
         device: str = "cpu",
     ) -> None:
-        from .evaluate import method_of, needs_bn_data
+        from .evaluation.evaluate import method_of, needs_bn_data
         from .posteriors.file import load_posterior
 
         method_of(config.method)
@@ -87,7 +87,7 @@ class Predictor:
     def __call__(self, images: np.ndarray | torch.Tensor) -> dict[str, np.ndarray]:
         """uint8 images (N, C, H, W) -> BMA class probabilities (N, K), the predicted class,
         the predictive entropy H[p_bar] and the mutual information (0 for one network)."""
-        from .evaluate import evaluate
+        from .evaluation.evaluate import evaluate
 
         x = torch.as_tensor(np.asarray(images))
         shape = tuple(self.posterior.input_shape)

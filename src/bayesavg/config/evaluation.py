@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from ..methods import METHODS, REGISTRY
 from .base import _NAME, NonNegFloat, PosFloat, PosInt, _Section
+from .methods import METHODS, REGISTRY
 
 
 class Predictor(_Section):
@@ -17,7 +17,8 @@ class Predictor(_Section):
 
     method: Literal[METHODS]  # type: ignore[valid-type]
     scale: NonNegFloat | None = None
-    # "fit": temperature scaling, T fitted on the validation split (``bayesavg.calibration``).
+    # "fit": temperature scaling, T fitted on the validation split
+    # (``bayesavg.predictors.calibration``).
     temperature: Literal["fit"] | None = None
     # S for this predictor (None: evaluate.n_samples); MultiSWAG draws S from each member.
     n_samples: PosInt | None = None
@@ -111,7 +112,7 @@ class ShiftParams(_Section):
         ]
     )
     severity: Annotated[int, Field(ge=1, le=5)] | None = None  # None: each corruption's own
-    n_points: PosInt = 200  # the names are checked against bayesavg.shift by stage validate
+    n_points: PosInt = 200  # the names are checked against bayesavg.data.shift by stage validate
 
 
 class OODParams(_Section):

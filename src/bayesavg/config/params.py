@@ -11,11 +11,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..methods import PROVIDES, REGISTRY
 from ..runtime.errors import UserError
 from .base import _NAME, NonNegInt, _Section
 from .data_model import DataParams, ModelParams
 from .evaluation import EvaluateParams
+from .methods import PROVIDES, REGISTRY
 from .run import CheckpointParams, ReportParams, TrackingParams
 from .trajectories import (
     STARTS,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import to_input
+from ..data.prepared import to_input
 from ..models import build_model
 from ..runtime.errors import UserError
 from ..runtime.io import save_torch

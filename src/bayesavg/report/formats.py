@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..intervals import Estimate, Interval
 from .inputs import PredictorResult
+from .intervals import Estimate, Interval
 
 # (metric key, label, higher is better, value format, delta format) for pair comparisons.
 DELTAS: list[tuple[str, str, bool, Callable[[float], str], Callable[[float], str]]] = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..methods import REGISTRY
+from ..config.methods import REGISTRY
 
 # Quantiles of the per-weight ratio sigma / sigma_0 a variational predictor reports.
 SIGMA_KEYS = ("min", "p01", "p10", "p25", "median", "p75", "p90", "p99", "max", "mean")
@@ -79,7 +79,7 @@ class PredictorResult:
 
 @dataclass(frozen=True)
 class PlaneData:
-    """One trajectory's loss plane, as the plane stage writes it (see ``bayesavg.plane``).
+    """One trajectory's loss plane, as the plane stage writes it (see ``bayesavg.analyses.plane``).
 
     ``grid`` rows: a, b, loss, accuracy. ``path`` rows: kind (snapshot,
     average, start), index, a, b, distance, loss, accuracy. ``summary``:
@@ -94,7 +94,8 @@ class PlaneData:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One run of the DSWAG worker sweep (stage ``dswag_sweep@<W>``, see ``bayesavg.sweep``).
+    """One run of the DSWAG worker sweep (stage ``dswag_sweep@<W>``, see
+    ``bayesavg.analyses.sweep``).
 
     ``metrics`` maps fedavg, dswa and dswag to their test accuracy, nll, ece
     and brier; an entry is None where it could not be evaluated (DSWAG with
@@ -121,7 +122,8 @@ class SweepPoint:
 
 @dataclass(frozen=True)
 class LineData:
-    """A line between two posteriors' centres (stage ``line@<name>``, ``bayesavg.landscape``).
+    """A line between two posteriors' centres (stage ``line@<name>``,
+    ``bayesavg.analyses.landscape``).
 
     ``a``/``b``: the trajectories; ``a_centre``/``b_centre``: which centre of each
     (``weights``, ``snapshot_mean``, ``hwa_mean``, ...). ``rows``: t,

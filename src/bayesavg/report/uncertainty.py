@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ..intervals import Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
 from .inputs import PredictorResult, ReportInputs
+from .intervals import Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
 
 METRICS = ("accuracy", "nll", "ece", "brier")
 ECE_BINS = 20

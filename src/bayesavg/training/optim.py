@@ -9,7 +9,7 @@ here: param groups (``lr`` set per iteration by the training loop, as with
 The arithmetic is torch's public functional API (``torch.optim.sgd.sgd``,
 ``torch.optim.adam.adam``) with torch's own defaults per device, so every
 step is bitwise the one ``torch.optim.SGD`` / ``torch.optim.Adam(fused=True)`` take
-(tests/test_optim.py). ``bayesavg.sgld.SGLD`` builds on the same base.
+(tests/test_optim.py). ``bayesavg.trajectories.sgld.SGLD`` builds on the same base.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import logging
 import torch
 
 from ..config import LaplaceTrajectory, Params, Trajectory
-from ..data import Prepared
+from ..data.prepared import Prepared
 from ..models import build_model
 from ..posteriors.file import PosteriorFile
 from ..runtime.checkpoint import Resumable
@@ -150,7 +150,7 @@ def finetune(
     if isinstance(traj, LaplaceTrajectory):
         return fit_laplace(params, name, prepared, start, device)
     if not isinstance(traj, Trajectory):
-        raise TypeError(f"finetune.{name}: a {traj.kind} trajectory runs in bayesavg.dswag")
+        raise TypeError(f"finetune.{name}: a {traj.kind} trajectory runs in bayesavg.dswag.rounds")
     compute = _compute(params, device, compute)
     kwargs = trajectory_kwargs(start, traj.dropout)
     fields = posterior_fields(params, prepared, name, kwargs)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from ..config import Params
-from ..data import Prepared, to_input
-from ..datasets import Split
+from ..data.datasets import Split
+from ..data.prepared import Prepared, to_input
 from ..models import build_model
 from ..posteriors.file import PosteriorFile, load_theta
 from ..seeding import derive_seed

@@ -14,11 +14,11 @@ from ..config import PretrainParams, Trajectory
 from ..posteriors import SWAG
 from ..posteriors.file import PosteriorFile
 from ..runtime.errors import UserError
-from ..sgld import SGLD
 from ..training.flat import params_vector
 from ..training.sam import sam_step
 from ..training.train import Compute, StepContext, sgd, sgd_step
 from .run import Plan
+from .sgld import SGLD
 
 
 class KeptSamples:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..config import LaplaceTrajectory, Params
-from ..data import Prepared
+from ..data.prepared import Prepared
 from ..posteriors.file import PosteriorFile
 from ..posteriors.last_layer_laplace import fit_last_layer
 from ..seeding import derive_seed, seed_everything

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..config import PretrainParams, Trajectory
-from ..data import Prepared
+from ..data.prepared import Prepared
 from ..models import has_batchnorm
 from ..posteriors.file import load_theta
 from ..runtime.checkpoint import Resumable

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...intervals import Interval, resample_counts
 from ..blocks import Heading, Paragraph, Section, claim_bullets
 from ..claims import BMA_PAPER, MULTISWAG_PAPER, Claim
 from ..formats import interval_number
 from ..inputs import PredictorResult, ReportInputs
+from ..intervals import Interval, resample_counts
 from ..uncertainty import Uncertainty
 
 # (candidate, reference) predictor pairs whose NLL the paper compares.

@@ -10,8 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from ...intervals import LOWER_IS_BETTER, Interval
-from ...methods import REGISTRY
+from ...config.methods import REGISTRY
 from ..blocks import (
     Heading,
     Paragraph,
@@ -21,6 +20,7 @@ from ..blocks import (
 from ..claims import FLAT_PAPER, HWA_PAPER, Claim
 from ..formats import LABELS, diff_number, interval_number, metric_scale
 from ..inputs import PredictorResult, ReportInputs
+from ..intervals import LOWER_IS_BETTER, Interval
 from ..uncertainty import Comparison, Uncertainty
 
 _HWA_CLAIMED = ("accuracy", "nll", "ece")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-from ...intervals import LOWER_IS_BETTER
 from ..blocks import (
     Block,
     Bullets,
@@ -22,6 +21,7 @@ from ..blocks import (
 from ..claims import DSWAG_PAPER, Claim, claim_text
 from ..formats import LABELS, with_interval
 from ..inputs import PredictorResult, ReportInputs
+from ..intervals import LOWER_IS_BETTER
 from ..uncertainty import Uncertainty
 
 

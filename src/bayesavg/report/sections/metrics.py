@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from ...intervals import LOWER_IS_BETTER
 from ..blocks import (
     Block,
     Cell,
@@ -16,6 +15,7 @@ from ..blocks import (
 )
 from ..formats import with_interval
 from ..inputs import PredictorResult, ReportInputs
+from ..intervals import LOWER_IS_BETTER
 from ..uncertainty import Uncertainty
 
 # (metric key, column header) of the metrics table; each cell carries its interval.

@@ -14,11 +14,11 @@ import math
 import numpy as np
 import torch
 
-from ...intervals import Interval, paired_bootstrap
 from ..blocks import Cell, Heading, Paragraph, Section, Table, TableBlock, claim_bullets
 from ..claims import BMA_PAPER, MULTISWAG_PAPER, Claim
 from ..formats import LABELS, metric_scale, with_interval
 from ..inputs import ReportInputs, SeedRun
+from ..intervals import Interval, paired_bootstrap
 from ..uncertainty import Uncertainty
 
 # (paper, candidate, reference): the NLL comparisons checked in every seed.

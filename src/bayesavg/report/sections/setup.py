@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...methods import REGISTRY
+from ...config.methods import REGISTRY
 from ..blocks import (
     Heading,
     Paragraph,

@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ....intervals import Interval
 from ...formats import LABELS, diff_number, pct
 from ...inputs import PredictorResult
+from ...intervals import Interval
 from ...stats import accuracy_interval
 from ...uncertainty import Comparison
 

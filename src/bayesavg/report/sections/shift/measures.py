@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ....intervals import Interval, paired_bootstrap, resample_counts
 from ...inputs import PredictorResult, ReportInputs, is_bayesian
+from ...intervals import Interval, paired_bootstrap, resample_counts
 
 ROTATE = "rotate_"
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .calibration import fit_temperature
-from .config import DSWAGTrajectory, Params
-from .data import Prepared
-from .evaluate import Evaluation, bn_subset, evaluate, needs_bn_data
-from .posteriors.file import PosteriorFile
-from .seeding import derive_seed
-from .training.precision import precision_for
+from ..config import DSWAGTrajectory, Params
+from ..data.prepared import Prepared
+from ..evaluation.evaluate import Evaluation, bn_subset, evaluate, needs_bn_data
+from ..posteriors.file import PosteriorFile
+from ..predictors.calibration import fit_temperature
+from ..seeding import derive_seed
+from ..training.precision import precision_for
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ def posteriors(
     params: Params, prepared: Prepared, device: torch.device
 ) -> dict[str, PosteriorFile]:
     """Pretraining, the fresh network and every trajectory at ``params.seed``."""
-    from .dswag import finetune_dswag
-    from .trajectories import finetune, initial_network, pretrain_members
+    from ..dswag.rounds import finetune_dswag
+    from ..trajectories import finetune, initial_network, pretrain_members
 
     pre = pretrain_members(params, prepared, device)
     assert pre is not None

@@ -41,19 +41,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import DSWAGTrajectory, Params
-from .data import Prepared
+from ..config import DSWAGTrajectory, Params
+from ..data.prepared import Prepared
+from ..posteriors import SWAG
+from ..posteriors.file import PosteriorFile
+from ..seeding import derive_seed, generator, seed_everything
+from ..training.batches import Tensors, batches_per_epoch
+from ..training.batchnorm import bn_modules
+from ..training.distributed import World, broadcast, in_client_order, joined
+from ..training.flat import params_vector
+from ..training.optim import SGD
+from ..training.train import lr_at, train
+from ..trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
 from .federated import dirichlet_split, fedavg_weights, iid_split, phase2_rate, sample_clients
-from .posteriors import SWAG
-from .posteriors.file import PosteriorFile
-from .seeding import derive_seed, generator, seed_everything
-from .training.batches import Tensors, batches_per_epoch
-from .training.batchnorm import bn_modules
-from .training.distributed import World, broadcast, in_client_order, joined
-from .training.flat import params_vector
-from .training.optim import SGD
-from .training.train import lr_at, train
-from .trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from .runtime.errors import UserError
-from .runtime.io import sha256_file
+from ..runtime.errors import UserError
+from ..runtime.io import sha256_file
 
 MNIST5K_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .seeding import derive_seed
+from ..seeding import derive_seed
 
 # The rotation sweep: 0 (the clean set) to 180 degrees in steps of 15.
 ANGLES: tuple[int, ...] = tuple(range(0, 181, 15))

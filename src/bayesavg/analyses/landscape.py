@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .posteriors.file import load_theta
-from .training.batches import Tensors
-from .training.batchnorm import bn_modules, update_bn
-from .training.flat import params_vector
-from .training.train import loss_and_accuracy
+from ..posteriors.file import load_theta
+from ..training.batches import Tensors
+from ..training.batchnorm import bn_modules, update_bn
+from ..training.flat import params_vector
+from ..training.train import loss_and_accuracy
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The pipeline's evaluate stages and ``bayesavg evaluate`` build them here, so
 both shift the same test subset with the same seeds and read OOD sets the
 same way; every posterior sample then predicts the clean split, every shift
-and every OOD set in one forward pass (``bayesavg.evaluate.evaluate``).
+and every OOD set in one forward pass (``bayesavg.evaluation.evaluate.evaluate``).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from .data import load_eval_split
+from ..runtime.errors import UserError
+from ..seeding import derive_seed
 from .datasets import Split
 from .ood_data import OOD_SETS, load_ood
-from .runtime.errors import UserError
-from .seeding import derive_seed
+from .prepared import load_eval_split
 from .shift import Shift
 
 

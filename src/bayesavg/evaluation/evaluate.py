@@ -26,20 +26,20 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .calibration import apply_temperature
-from .datasets import Split
-from .methods import METHODS, REGISTRY, Method
+from ..config.methods import METHODS, REGISTRY, Method
+from ..data.datasets import Split
+from ..models import dropout_modules, for_inference, has_batchnorm
+from ..posteriors.file import PosteriorFile, load_theta
+from ..predictors.calibration import apply_temperature
+from ..predictors.sampling import Draws, Network, centres, draws
+from ..runtime.errors import UserError
+from ..seeding import derive_seed, isolated_rng
+from ..training.batchnorm import update_bn
+from ..training.distributed import World, in_client_order
+from ..training.precision import Precision
 from .metrics import Reliability, classification_metrics, reliability
-from .models import dropout_modules, for_inference, has_batchnorm
 from .ood import OODAccumulator, ood_metrics
-from .posteriors.file import PosteriorFile, load_theta
-from .runtime.errors import UserError
-from .sampling import Draws, Network, centres, draws
-from .seeding import derive_seed, isolated_rng
 from .sharpness import hessian_trace, sam_sharpness
-from .training.batchnorm import update_bn
-from .training.distributed import World, in_client_order
-from .training.precision import Precision
 
 log = logging.getLogger(__name__)
 

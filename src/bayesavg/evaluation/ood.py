@@ -21,8 +21,8 @@ import math
 
 import torch
 
+from ..runtime.errors import UserError
 from .metrics import point_entropy
-from .runtime.errors import UserError
 
 SCORES = ("msp", "entropy", "mutual_info")
 DETECTION_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")

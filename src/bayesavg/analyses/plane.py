@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .models import has_batchnorm
-from .posteriors.file import load_theta
-from .runtime.errors import UserError
-from .training.batchnorm import update_bn
+from ..models import has_batchnorm
+from ..posteriors.file import load_theta
+from ..runtime.errors import UserError
+from ..training.batchnorm import update_bn
 
 
 def snapshots(state: dict[str, Any]) -> torch.Tensor:

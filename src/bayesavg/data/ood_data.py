@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..runtime.errors import UserError
+from ..runtime.io import sha256_file
 from .datasets import Split
-from .runtime.errors import UserError
-from .runtime.io import sha256_file
 
 ANIMAL_MNIST_VERSION = "0.4"
 # sha256 of the gzipped pickles in animal-mnist==0.4 (they match the wheel's RECORD).

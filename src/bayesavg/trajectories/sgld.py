@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .training.optim import Optimizer
+from ..training.optim import Optimizer
 
 
 class SGLD(Optimizer):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .runtime.errors import UserError
-from .seeding import derive_seed, generator
+from ..runtime.errors import UserError
+from ..seeding import derive_seed, generator
 
 DIRICHLET_ATTEMPTS = 100
 """Draws ``dirichlet_split`` tries before it reports that ``min_size`` cannot be met."""

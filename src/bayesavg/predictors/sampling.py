@@ -2,7 +2,7 @@
 
 One sampling function per method, registered under the method's name with
 ``@sampler``; everything else about a method (what it needs, its default
-scale, its centre, its label) is its entry in ``bayesavg.methods``. Weights
+scale, its centre, its label) is its entry in ``bayesavg.config.methods``. Weights
 are produced on the evaluation device, one network at a time.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .methods import METHODS, PROVIDES, REGISTRY, Method
-from .models import has_dropout
-from .posteriors import HWA, SWAG
-from .posteriors.file import PosteriorFile
-from .posteriors.last_layer_laplace import LastLayerLaplace
-from .runtime.errors import UserError
-from .training import ieee
+from ..config.methods import METHODS, PROVIDES, REGISTRY, Method
+from ..models import has_dropout
+from ..posteriors import HWA, SWAG
+from ..posteriors.file import PosteriorFile
+from ..posteriors.last_layer_laplace import LastLayerLaplace
+from ..runtime.errors import UserError
+from ..training import ieee
 
 Buffers = dict[str, torch.Tensor]
 Network = tuple[torch.Tensor, Buffers | None]
@@ -65,7 +65,7 @@ def sampler(*names: str) -> Callable[[Sampler], Sampler]:
     def register(fn: Sampler) -> Sampler:
         for name in names:
             if name not in METHODS:
-                raise ValueError(f"{name!r} has no entry in bayesavg.methods")
+                raise ValueError(f"{name!r} has no entry in bayesavg.config.methods")
             SAMPLERS[name] = fn
         return fn
 

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import torch
 
-from .evaluate import log_softmax_predictions
-from .models import for_inference, has_batchnorm
-from .posteriors import SWAG
-from .posteriors.file import PosteriorFile, load_theta
-from .training import ieee
-from .training.batchnorm import update_bn
+from ..evaluation.evaluate import log_softmax_predictions
+from ..models import for_inference, has_batchnorm
+from ..posteriors import SWAG
+from ..posteriors.file import PosteriorFile, load_theta
+from ..training import ieee
+from ..training.batchnorm import update_bn
 
 
 def rounds_to_target(history: Sequence[dict[str, float]], target: float) -> int | None:

@@ -3,7 +3,7 @@
 Config validation, evaluation, the CLI and the report all read this table;
 nothing else lists methods. Adding a method means one ``Method`` entry here
 and one sampling function registered under its name in
-``bayesavg.sampling``. This module imports no torch, so validating
+``bayesavg.predictors.sampling``. This module imports no torch, so validating
 params.yaml stays cheap.
 """
 
@@ -25,9 +25,10 @@ PROVIDES = {
     "laplace": "a last-layer Laplace posterior (a laplace trajectory)",
 }
 
-# Where sharpness is measured (``bayesavg.sampling.CENTRES``).
+# Where sharpness is measured (``bayesavg.predictors.sampling.CENTRES``).
 CENTRES = ("weights", "snapshot_mean", "hwa_mean", "samples_mean", "members", "member_means")
-# Where a variational method's per-weight sigma comes from (``bayesavg.sampling.SIGMAS``).
+# Where a variational method's per-weight sigma comes from
+# (``bayesavg.predictors.sampling.SIGMAS``).
 SIGMAS = ("rho", "hwa_var", "hwa_rho")
 
 

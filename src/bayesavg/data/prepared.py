@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from ..runtime.errors import UserError
+from ..runtime.io import save_torch, sha256_file, write_json
+from ..seeding import derive_seed, generator
 from .datasets import TORCHVISION, Source, Split, load_imagefolder, load_source
-from .runtime.errors import UserError
-from .runtime.io import save_torch, sha256_file, write_json
-from .seeding import derive_seed, generator
 
 SPLITS = ("train", "val", "test")
 

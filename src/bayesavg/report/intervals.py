@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .metrics import accuracy, brier, ece, nll
+from ..evaluation.metrics import accuracy, brier, ece, nll
 
 PerPoint = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

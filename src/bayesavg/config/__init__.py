@@ -4,7 +4,8 @@ pydantic checks types, ranges and unknown keys (strict: ``"0.1"`` is not a
 float, ``1`` is not a bool); cross-field rules are model validators. Any
 problem becomes a ``UserError`` naming the key and what is allowed.
 
-One module per params section; this package exports them all."""
+One module per params section; this package exports them all. ``methods`` is the predictor
+registry the predictors are validated against (and evaluation, the CLI and the report read)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ every other module passes around.
 Training reads tensors from memory (no PIL, no DataLoader workers): the
 datasets here fit in memory, and indexing one tensor per batch is much
 faster than collating PIL images. How a source becomes the pipeline's
-train/val/test files is ``data``'s job.
+train/val/test files is ``prepared``'s job.
 """
 
 from __future__ import annotations

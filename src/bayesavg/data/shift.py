@@ -1,7 +1,7 @@
 """Dataset shift: rotated test images and MNIST-C-style corruptions, in torch.
 
 Shifts act on the stored images (uint8, or float in [0, 1]) before
-``data.to_input`` normalises them, so a shifted set is just another split:
+``prepared.to_input`` normalises them, so a shifted set is just another split:
 same dtype, same range, same shape. Each shift is a pure function of the
 images, the seed and the severity: randomness comes from a CPU
 ``torch.Generator`` seeded per corruption (never torch's global stream) and

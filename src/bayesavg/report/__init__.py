@@ -1,7 +1,7 @@
 """Final report of the pipeline: an offline HTML page and a Markdown twin.
 
 ``uncertainty`` computes every bootstrap interval once (torch, via
-``bayesavg.report.intervals``) from the per-point predictions; each module of
+``intervals``, the paired-comparison statistics) from the per-point predictions; each module of
 ``sections`` builds one part the reader sees (its numbers, claims and
 figures, in the look of ``style``); ``document`` lists the sections in order
 and ``render`` writes their blocks as HTML and Markdown.

@@ -2,11 +2,11 @@
 
 One module per family of trajectory kinds says what is specific to it (its
 step, what it collects, its posterior): ``gradient`` (sgd, SAM, MC dropout,
-sgld, ensemble members, pretraining), ``variational`` (vi, hwa). ``run``
-owns the shared loop around them: schedule, data on the device,
-augmentation, precision, data parallelism, snapshot timing, monitoring and
-resume; ``members`` runs several independent members (ensembles) in
-sequence or across ranks.
+sgld, ensemble members, pretraining; SGLD's optimizer is ``sgld``),
+``variational`` (vi, hwa). ``run`` owns the shared loop around them:
+schedule, data on the device, augmentation, precision, data parallelism,
+snapshot timing, monitoring and resume; ``members`` runs several independent
+members (ensembles) in sequence or across ranks.
 
 Each run seeds its own streams from (seed, run name), so adding or
 reordering trajectories never changes another one's result. Pretraining
@@ -139,7 +139,8 @@ def finetune(
     compute: Compute | None = None,
 ) -> RunResult | None:
     """Continue from ``start`` along trajectory ``name`` (SGD/SAM, SGLD, ensemble, VI or HWA),
-    or fit its last-layer Laplace (``laplace``); distributed SWAG is ``dswag.finetune_dswag``.
+    or fit its last-layer Laplace (``laplace``); distributed SWAG is
+    ``dswag.rounds.finetune_dswag``.
 
     ``resume``: a checkpoint to continue from and save to (see ``checkpoint``);
     ``compute``: precision, layout, augmentation and the ranks of a

@@ -35,8 +35,8 @@ FACTORIES = {
     "normal", "Generator",
 }  # fmt: skip
 # Modules that only ever hold host tensors: loading files into CPU tensors, index sets,
-# bootstrap statistics and the report's post-processing of saved predictions.
-HOST_MODULES = {"data", "datasets", "ood_data", "federated", "intervals"}
+# and the report (bootstrap intervals, post-processing of saved predictions).
+HOST_MODULES = {"prepared", "datasets", "ood_data", "federated"}
 HOST_PACKAGES = {"report"}
 # Functions that build on the CPU on purpose, each with why it is safe on CUDA.
 HOST_FUNCTIONS = {
@@ -44,7 +44,7 @@ HOST_FUNCTIONS = {
     "any device); the loop moves them to the device once per epoch",
     "train.train": "the shuffling generator is a CPU generator (the same order on any "
     "device); the permutation is moved to the device once per epoch",
-    "dswag._evaluate": "rank 0's float64 totals on the host, added from results taken "
+    "rounds._evaluate": "rank 0's float64 totals on the host, added from results taken "
     "with .cpu(); broadcast() moves them to the device for NCCL",
     "landscape.random_directions": "float64 directions from a CPU generator, the same on "
     "any device; callers move each one to the model's device",
@@ -120,7 +120,7 @@ def test_every_tensor_built_in_device_side_code_names_its_device() -> None:
 
 def test_the_check_finds_a_host_tensor_mixed_into_device_code(tmp_path: Path) -> None:
     """The DSWAG bug as it was: the check must flag it."""
-    bad = tmp_path / "dswag.py"
+    bad = tmp_path / "rounds.py"
     bad.write_text(
         "import torch\n"
         "def _sums(loss, correct, data):\n"

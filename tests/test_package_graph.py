@@ -15,6 +15,7 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
+from import_graph import module_imports
 
 import bayesavg
 
@@ -63,19 +64,7 @@ UNITS = sorted({u for n in MODULES if (u := _unit(n)) is not None})
 def _imports(name: str) -> set[str]:
     """The bayesavg modules ``name`` imports anywhere in its source, relative imports
     resolved."""
-    path, package = MODULES[name]
-    here = name.split(".") if package else name.split(".")[:-1]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = here[: len(here) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            for alias in node.names:  # `from . import numerics` imports the module numerics
-                sub = f"{target}.{alias.name}"
-                found.add(sub if sub in MODULES else target)
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return {m for m in found if m in MODULES and m != name}
+    return module_imports(name, MODULES)
 
 
 def unit_graph() -> dict[str, dict[str, list[str]]]:

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 from pathlib import Path
 
 import pytest
+from import_graph import module_imports
 
 import bayesavg.report as report
 from bayesavg.report import document
@@ -33,19 +33,7 @@ MODULES = _modules()
 
 def _imports(name: str) -> set[str]:
     """The report modules ``name`` imports, relative imports resolved."""
-    path, package = MODULES[name]
-    here = name.split(".") if package else name.split(".")[:-1]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = here[: len(here) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            for alias in node.names:  # `from . import style` imports the module style
-                sub = f"{target}.{alias.name}"
-                found.add(sub if sub in MODULES else target)
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return {m for m in found if m in MODULES and m != name}
+    return module_imports(name, MODULES)
 
 
 GRAPH = {name: _imports(name) for name in MODULES}

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "scripts") not in sys.path:  # its helper modules, however this file is run
     sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_check_runner import NO_CUDA, Context, Part, child_main, run_parts  # noqa: E402
+from gpu_check_runner import NO_CUDA, TARGETS, Context, Part, child_main, run_parts  # noqa: E402
 
 BUDGET_S = 480.0
 TEST_PARTS = "GPU_CHECK_TEST_PARTS"  # tests only: a .py file whose PARTS replace these
@@ -208,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipeline", action="store_true", help="the dvc repro part alone")
     parser.add_argument("--parts", help="comma-separated names (environment always runs)")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds, all parts")
+    parser.add_argument(
+        "--targets",
+        help="with --pipeline: the stages to reproduce (space-separated; with what they "
+        "need), e.g. those a run cut short did not reach; default: every stage",
+    )
     for hidden in ("--run-part", "--result"):  # a child's own arguments
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -215,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a time limit around this script) as an exception: the running part's
     # process group is killed on the way out (gpu_check_runner._wait)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.targets is not None and not args.pipeline:
+        parser.error("--targets is for --pipeline")
+    if args.targets is not None:
+        os.environ[TARGETS] = args.targets  # the pipeline part's child reads it
     table = part_table(args.pipeline)
     if args.run_part:
         _child(args, table)

@@ -20,12 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from gpu_check_runner import NO_CUDA, Context, PartError
+from gpu_check_runner import NO_CUDA, TARGETS, Context, PartError
 
 ROOT = Path(__file__).resolve().parents[1]
 COPIED = ("dvc.yaml", ".gitignore", ".dvcignore", "src", "stages")  # as tests/pipeline_repo.py
 PIPELINE_METRICS = {"map": "sgd", "swa": "swag", "swag": "swag"}  # predictor: its trajectory
 TAIL_LINES = 40
+
+
+def targets() -> list[str]:
+    """``gpu_check.py --targets``: the stages to reproduce, with all they depend on."""
+    return os.environ.get(TARGETS, "").split()
 
 
 def toy_pipeline(device: str) -> dict[str, Any]:
@@ -107,6 +112,30 @@ def _metrics(repo: Path) -> dict[str, Any]:
     return found
 
 
+def split(repo: Path, stages: dict[str, float]) -> dict[str, Any]:
+    """Where each finished stage's seconds went, from the ledger its MLflow runs leave in
+    ``runs/*.json`` (as benchmarks/pipeline.py reads it): ``startup`` (the stage's
+    imports, torch and CUDA included, up to its run), ``compute``, ``finish`` (the
+    tracking queue drained), the rest ``dvc_and_launch`` (the interpreter's start, DVC)."""
+    sums: dict[str, dict[str, float]] = {}
+    for path in sorted((repo / "runs").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # being written
+            continue
+        into = sums.setdefault(record.get("dvc_stage", record.get("stage")), {})
+        for key, value in record.get("seconds", {}).items():
+            into[key] = into.get(key, 0.0) + value
+    per_stage = {}
+    for stage, wall in stages.items():
+        found = {k: round(v, 2) for k, v in sums.get(stage, {}).items()}
+        found["dvc_and_launch"] = round(wall - sum(found.values()), 2)
+        per_stage[stage] = found
+    keys = ("startup", "compute", "finish", "dvc_and_launch")
+    totals = {k: round(sum(s.get(k, 0.0) for s in per_stage.values()), 1) for k in keys}
+    return {"split_seconds": totals, "stage_split_seconds": per_stage}
+
+
 def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:
     """``dvc repro``, its output read line by line: each ``Running stage`` line starts a
     stage's clock (and reports what is done so far, kept if the part is killed)."""
@@ -120,7 +149,7 @@ def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:
             stages[current[0]] = round(now - current[1], 1)
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dvc", "repro"],
+        [sys.executable, "-m", "dvc", "repro", *targets()],
         cwd=repo,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -143,6 +172,7 @@ def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:
                     "running": current[0],
                     "stages_run": len(stages),
                     "stage_seconds": stages,
+                    **split(repo, stages),
                     "seconds": round(now - started, 1),
                     "tail": tail[-10:],
                 }
@@ -155,6 +185,7 @@ def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:
         "stages_run": len(stages),
         "stage_seconds": stages,
         "slowest_stages": sorted(stages, key=stages.__getitem__, reverse=True)[:5],
+        **split(repo, stages),
         "test": _metrics(repo),
     }
     if code != 0:
@@ -185,4 +216,5 @@ def pipeline(ctx: Context) -> dict[str, Any]:
         setup = round(time.monotonic() - made, 1)
         out = repro(repo, env, ctx)
     what = "toy sizes (gpu_check_pipeline.toy_pipeline: the tests' small_params)"
-    return {"device": ctx.device, "params": what, "setup_seconds": setup, **out}
+    found = {"device": ctx.device, "params": what, "targets": targets() or "all"}
+    return {**found, "setup_seconds": setup, **out}

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+# `gpu_check.py --pipeline --targets`: the stages the pipeline part reproduces, space-
+# separated, in the environment the part's child inherits (unset: every stage).
+TARGETS = "GPU_CHECK_TARGETS"
 NO_CUDA = (
     "gpu-check: no CUDA device (torch.cuda.is_available() is False); "
     "run it on a machine with an NVIDIA GPU"

@@ -156,23 +156,28 @@ def _bare(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
 def reference_package() -> types.ModuleType | str:
     """The SWAG reference code (swa-gaussian, ``make bench-install``), or why not.
 
-    Its package imports gpytorch at the top (installed with --no-deps, so absent), for
-    its covariance-based sampling only; empty stand-ins let ``import swag`` succeed, and
-    nothing used here touches them (``utils.train_epoch``, ``SWAG.collect_model``)."""
+    Its package imports gpytorch at the top for its covariance-based sampling only, and
+    names classes gpytorch removed in 1.9 (``gpytorch.lazy.RootLazyTensor``): absent here
+    (installed with --no-deps) and too new on GPU images. Empty stand-ins let ``import
+    swag`` succeed whatever gpytorch there is, and nothing used here touches them
+    (``utils.train_epoch``, ``SWAG.collect_model``); the real modules are put back."""
     if importlib.util.find_spec("swag") is None:
         return "swa-gaussian is not installed (make bench-install)"
-    stubs = {}
-    if importlib.util.find_spec("gpytorch") is None:
-        for name in ("gpytorch", "gpytorch.lazy", "gpytorch.distributions", "gpytorch.settings"):
-            stubs[name] = sys.modules[name] = types.ModuleType(name)
-        for attr in ("RootLazyTensor", "DiagLazyTensor", "AddedDiagLazyTensor"):
-            setattr(stubs["gpytorch.lazy"], attr, None)
-        stubs["gpytorch.distributions"].MultivariateNormal = None  # type: ignore[attr-defined]
+    names = ("gpytorch", "gpytorch.lazy", "gpytorch.distributions", "gpytorch.settings")
+    saved = {name: sys.modules.get(name) for name in names}
+    stubs = {name: types.ModuleType(name) for name in names}
+    for attr in ("RootLazyTensor", "DiagLazyTensor", "AddedDiagLazyTensor"):
+        setattr(stubs["gpytorch.lazy"], attr, None)
+    stubs["gpytorch.distributions"].MultivariateNormal = None  # type: ignore[attr-defined]
+    sys.modules.update(stubs)
     try:
         import swag
     finally:
-        for name in stubs:
-            del sys.modules[name]
+        for name, module in saved.items():
+            if module is None:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = module
     return swag
 
 

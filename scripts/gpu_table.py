@@ -1,0 +1,166 @@
+"""The README's GPU table from ``benchmarks/gpu/*.json`` (one file per GPU model, each the
+merged ``--out`` of ``scripts/gpu_check.py``): one column per GPU, one row per check, each
+number against its goal. ``python scripts/gpu_table.py`` prints it; ``--write`` puts it
+between the README's ``<!-- gpu-table -->`` markers (a test keeps the two equal)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "benchmarks" / "gpu"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- gpu-table -->", "<!-- /gpu-table -->"
+NOT_GPU = {"seed_spread.json"}
+MODELS = {"preresnet20": "PreResNet-20", "wideresnet28x10": "WideResNet-28x10"}
+
+
+def results() -> list[dict[str, Any]]:
+    """Every GPU's merged gpu-check JSON, by GPU name."""
+    files = sorted(p for p in FOLDER.glob("*.json") if p.name not in NOT_GPU)
+    found = [json.loads(p.read_text()) for p in files]
+    return sorted(found, key=lambda r: r["environment"]["gpu"])
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: "no verdict"}[ok]
+
+
+def _agreement(part: dict[str, Any]) -> str:
+    d = part["differences"]
+    cells = [f"{m}: {d[m]['accuracy_pp']:.1f} pp, NLL {100 * d[m]['nll_relative']:.1f}%" for m in d]
+    return f"{'; '.join(cells)} (within: {_verdict(part['within_tolerance'])})"
+
+
+def _ratio(part: dict[str, Any], key: str, goal_key: str, met_key: str) -> str:
+    if key not in part:
+        failed = part.get("failed", {}).get("reference_swag_code", {}).get("error", "not run")
+        return f"failed: {failed.split(':')[0]}"
+    low, high = part[f"{key}_range"]
+    return f"{part[key]:.2f}x [{low:.2f}, {high:.2f}] ({_met(part.get(met_key))})"
+
+
+def _met(ok: bool | None) -> str:
+    return {True: "met", False: "**not met**", None: "no goal"}[ok]
+
+
+def _throughput(found: dict[str, Any], model: str, versus: str) -> str:
+    runs = [found[f"throughput.{model}"]]
+    earlier = found.get("repeats", {}).get(f"throughput.{model}")
+    if earlier is not None:
+        runs.insert(0, earlier)
+    key = "ours_over_bare" if versus == "bare" else "ours_over_reference"
+    cells = [_ratio(r, key, f"goal_{key}", f"{key}_goal_met") for r in runs]
+    if len(cells) > 1:
+        cells = [f"run {i}: {c}" for i, c in enumerate(cells, 1)]
+    if versus == "bare":
+        rate = runs[-1]["images_per_s"]
+        cells.append(f"{rate['ours']:.0f} vs {rate['bare_pytorch']:.0f} img/s")
+    elif "reference_swag_code" in runs[-1]["images_per_s"]:
+        rate = runs[-1]["images_per_s"]
+        cells.append(f"{rate['ours']:.0f} vs {rate['reference_swag_code']:.0f} img/s")
+    return "; ".join(cells)
+
+
+def _pipeline(found: dict[str, Any]) -> str:
+    runs = [found["pipeline"], *[r for k, r in found.get("repeats", {}).items() if k == "pipeline"]]
+    cells = []
+    for run in runs:
+        done = run.get("partial", run)
+        targets = run.get("targets", done.get("targets", "all"))
+        what = "all stages" if targets == "all" else f"targets {', '.join(targets)}"
+        if run.get("ok"):
+            cells.append(f"{what}: {done['stages_run']} stages ok in {done['dvc_seconds']:.0f} s")
+        else:
+            cut = "cut at its time box" if "timed out" in run.get("error", "") else "failed"
+            cells.append(
+                f"{what}: {done['stages_run']} stages ok in {done['seconds']:.0f} s, {cut} "
+                f"at `{done.get('running')}`"
+            )
+    return "; ".join(cells)
+
+
+def _peaks(found: dict[str, Any]) -> str:
+    peaks = found["peak_memory_mib"]
+    cells = []
+    for model, name in MODELS.items():
+        ours, bare = (peaks.get(f"throughput.{model}.{k}") for k in ("ours", "bare_pytorch"))
+        if ours is not None:
+            cells.append(f"{name} {ours:.0f} (bare PyTorch {bare:.0f})")
+    return ", ".join(cells)
+
+
+ROWS = (
+    (
+        "CUDA vs CPU test metrics, fp32",
+        "within 12 CPU seeds' spread",
+        lambda f: _agreement(f["cpu_vs_cuda"]),
+    ),
+    (
+        "bf16 vs fp32 test metrics",
+        "within 12 CPU seeds' spread",
+        lambda f: _agreement(f["bf16_vs_fp32"]),
+    ),
+    (
+        "two CUDA runs, weights' bytes",
+        "equal",
+        lambda f: "equal" if f["determinism"]["bitwise_equal"] else "**differ**",
+    ),
+    *(
+        (
+            f"SWAG fine-tuning {name}, ours / bare PyTorch",
+            ">= 0.95x",
+            lambda f, m=m: _throughput(f, m, "bare"),
+        )
+        for m, name in MODELS.items()
+    ),
+    *(
+        (
+            f"SWAG fine-tuning {name}, ours / SWAG reference code",
+            ">= 3x",
+            lambda f, m=m: _throughput(f, m, "reference"),
+        )
+        for m, name in MODELS.items()
+    ),
+    (
+        "30-sample SWAG evaluation / 30 x (BN pass + forward)",
+        "<= 1.10x",
+        lambda f: _ratio(f["evaluation"], "ours_over_bound", "goal_ours_over_bound", "goal_met"),
+    ),
+    ("default pipeline, toy sizes, `dvc repro` on CUDA", "every stage", _pipeline),
+    ("peak GPU memory, SWAG fine-tuning (MiB)", "", _peaks),
+)
+
+
+def table(found: list[dict[str, Any]]) -> str:
+    head = ["check", "goal", *(f["environment"]["gpu"] for f in found)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, goal, cell in ROWS:
+        lines.append("| " + " | ".join([name, goal, *(cell(f) for f in found)]) + " |")
+    return "\n".join(lines)
+
+
+def spliced(readme: str, body: str) -> str:
+    """``readme`` with ``body`` between the markers."""
+    start, end = readme.index(BEGIN) + len(BEGIN), readme.index(END)
+    return readme[:start] + "\n" + body + "\n" + readme[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="into README.md")
+    args = parser.parse_args(argv)
+    body = table(results())
+    if args.write:
+        README.write_text(spliced(README.read_text(), body))
+    else:
+        print(body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,16 @@
 """Distributed SWAG on torch.distributed: speed-up of 2 processes over 1, and memory per rank.
 
 (a) The default ``dswag`` trajectory (params.yaml) on mnist5k with LeNet-5,
-    run on 1 and on 2 processes (one intra-op thread each,
-    ``BAYESAVG_THREADS=1``) through the same launcher the pipeline uses
-    (torchrun via ``bayesavg.runtime.launch``). The time is that of ``run_dswag`` on
+    run on 1 and on 2 processes at their default thread counts (2 threads on
+    1 process, 1 per rank on 2: never more threads than one process runs)
+    through the same launcher the pipeline uses (torchrun via
+    ``bayesavg.runtime.launch``); a configuration that would oversubscribe the
+    usable cores is named in a warning first. The time is that of ``run_dswag`` on
     rank 0 once every rank has joined (training, gathering, evaluating); the
     whole process (torch imports, data, rendezvous) is reported too.
     Runs alternate 1, 2, 2, 1, ... so load drift hits both alike; the
-    posterior's sha256 must be the same for both counts. Beside them, the
+    posterior's sha256 on 2 processes must be that of 1 process run with the
+    ranks' one thread (``BAYESAVG_THREADS=1``), one more run. Beside them, the
     machine's own ceiling: a fixed single-thread workload in one process
     against two copies side by side (2.0 on two free cores; a VM whose two
     vCPUs share a core or a quota gives less, and no 2-process run can beat it).
@@ -119,10 +122,16 @@ def ceiling(pool1: Any, pool2: Any) -> float:
     return 2 * alone / together
 
 
-def launch_job(nproc: int, clients: int | None, tmp: Path) -> dict[str, Any]:
-    """Run ``job`` on ``nproc`` processes; return rank records and the whole wall time."""
+def launch_job(
+    nproc: int, clients: int | None, tmp: Path, threads: str | None = None
+) -> dict[str, Any]:
+    """Run ``job`` on ``nproc`` processes at the default thread count, or ``threads``;
+    return rank records and the whole wall time."""
     result = tmp / f"n{nproc}-c{clients}-{time.monotonic_ns()}"
-    env = {**os.environ, "BAYESAVG_NPROC": str(nproc), "BAYESAVG_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != "BAYESAVG_THREADS"}
+    env["BAYESAVG_NPROC"] = str(nproc)
+    if threads is not None:
+        env["BAYESAVG_THREADS"] = threads
     cmd = [sys.executable, __file__, "--job", "--result", str(result)]
     cmd += ["--clients", str(clients)] if clients else []
     with Stopwatch() as watch:
@@ -132,6 +141,11 @@ def launch_job(nproc: int, clients: int | None, tmp: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    from bayesavg.runtime import numerics
+
+    # As every entry point: the thread count and instruction set before torch, here and
+    # in the jobs (a 1-process job is never relaunched, which would pin it)
+    numerics.pin()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", type=int, default=0, help=argparse.SUPPRESS)
@@ -150,6 +164,12 @@ def main() -> None:
                 sys.exit(code)
         return
 
+    for n in (1, 2):
+        crowded = numerics.oversubscribed(
+            n, {k: v for k, v in os.environ.items() if k != "BAYESAVG_THREADS"}
+        )
+        if crowded is not None:
+            print(f"warning: {crowded}", flush=True)
     ctx = multiprocessing.get_context("spawn")
     with (
         tempfile.TemporaryDirectory() as tmp_name,
@@ -165,11 +185,13 @@ def main() -> None:
             for n in rotation((1, 2), i):  # 1, 2, 2, 1, ...: load drift hits both alike
                 runs[n].append(launch_job(n, None, tmp))
                 print(f"  {n} process(es): {runs[n][-1]['ranks'][0]['seconds']:.1f} s", flush=True)
+        one_thread = launch_job(1, None, tmp, threads="1")
         few = launch_job(2, args.memory_clients // 10, tmp)
         memory = launch_job(2, args.memory_clients, tmp)
     compute = {n: [r["ranks"][0]["seconds"] for r in rs] for n, rs in runs.items()}
     wall = {n: [r["wall"] for r in rs] for n, rs in runs.items()}
-    hashes = {r["ranks"][0]["sha256"] for rs in runs.values() for r in rs}
+    hashes = {r["ranks"][0]["sha256"] for r in runs[2]} | {one_thread["ranks"][0]["sha256"]}
+    default_one = {r["ranks"][0]["sha256"] for r in runs[1]}
     model_bytes = memory["ranks"][0]["model_bytes"]
 
     def growth(r: dict[str, Any]) -> float:
@@ -200,6 +222,8 @@ def main() -> None:
         "seconds_compute": compute,
         "seconds_wall": wall,
         "identical_posteriors": len(hashes) == 1,
+        "same_bytes_at_the_defaults": len(hashes | default_one) == 1,
+        "threads": {"1": numerics.threads({}), "2": numerics.threads({"WORLD_SIZE": "2"})},
         "memory": {
             "clients": args.memory_clients,
             "model_mib": model_bytes / 2**20,
@@ -210,9 +234,11 @@ def main() -> None:
     }
     write_results(OUT, results)
     print(
-        f"DSWAG (the default trajectory): 2 processes vs 1 (one thread each): "
+        f"DSWAG (the default trajectory): 2 processes vs 1 (default threads: "
+        f"{results['threads']['2']} per rank, {results['threads']['1']} on 1 process): "
         f"{results['speedup_compute']:.2f}x in run_dswag, {results['speedup_wall']:.2f}x whole "
-        f"process (target >= 1.6x); posteriors identical: {results['identical_posteriors']}"
+        f"process (target >= 1.6x); 2 processes' posterior = 1 process at BAYESAVG_THREADS=1: "
+        f"{results['identical_posteriors']}"
     )
     print(
         f"this machine, two independent single-thread processes vs one: "

@@ -118,9 +118,11 @@ def _spawn(world: int, jobs: list[tuple[str, dict[str, Any]]], folder: Path) -> 
 
 
 def _alone(spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """``run_dswag`` in this process, outside any torch.distributed run."""
+    """``run_dswag`` in this process, outside any torch.distributed run, at the thread
+    count ranks get by default (1 each: N ranks never run more than 2 threads)."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(numerics.THREADS_ENV, "1")
     out = run_spec(spec)
     assert out is not None
     posterior, history = out
@@ -163,7 +165,8 @@ def _assert_same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.fixture
 def one_thread() -> Any:
-    """The thread count every rank uses (``numerics.threads``), for references built here."""
+    """The thread count ``run_dswag`` sets in this process (``numerics.threads``), for
+    references built here."""
     before = torch.get_num_threads()
     torch.set_num_threads(numerics.threads())
     yield
@@ -612,7 +615,7 @@ def _stage_processes(traces: Path) -> int:
     return sum(r["argv"][-2:] == ["stages/finetune.py", "dswag"] for r in records)
 
 
-def _traced(tmp_path: Path, nproc: int) -> dict[str, str]:
+def _traced(tmp_path: Path, nproc: int, **extra: str) -> dict[str, str]:
     """The stages' environment on ``nproc`` processes, every Python process traced."""
     traces = tmp_path / f"traces{nproc}"
     traces.mkdir()
@@ -620,6 +623,7 @@ def _traced(tmp_path: Path, nproc: int) -> dict[str, str]:
         BAYESAVG_NPROC=str(nproc),
         PYTHONPATH=str(ROOT / "tests" / "trace"),
         BAYESAVG_TRACE_DIR=str(traces),
+        **extra,
     )
 
 
@@ -637,7 +641,8 @@ def test_dvc_repro_on_one_and_two_processes_writes_the_same_posterior(tmp_path: 
     repo = make_repo(tmp_path / "repo", raw)
     out = repo / "models" / "dswag" / "posterior.pt"
 
-    sh(repo, DVC, "repro", "finetune@dswag", environ=_traced(tmp_path, 1))
+    # 1 process at the thread count 2 ranks get by default (1 each: never oversubscribed)
+    sh(repo, DVC, "repro", "finetune@dswag", environ=_traced(tmp_path, 1, BAYESAVG_THREADS="1"))
     assert _stage_processes(tmp_path / "traces1") == 1
     one = out.read_bytes()
     runs = _runs(repo, "finetune@dswag")

@@ -11,6 +11,7 @@ with two splits and an OOD set. Ranks are spawned once for every case
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ WORLD = 2
 def one_thread() -> Iterator[None]:
     """The thread count every rank uses (``numerics.threads``), for references built here."""
     before = torch.get_num_threads()
-    torch.set_num_threads(numerics.threads())
+    torch.set_num_threads(numerics.threads({**os.environ, "WORLD_SIZE": str(WORLD)}))
     yield
     torch.set_num_threads(before)
 

@@ -67,6 +67,36 @@ def test_native_mode_leaves_the_instruction_set_alone() -> None:
     assert not set(numerics.ISA_PINS) & set(env)
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, 2),  # one process: the default
+        ({"WORLD_SIZE": "2"}, 1),  # a rank of 2: the two together run 2 threads
+        ({"WORLD_SIZE": "3"}, 1),  # never under 1
+        ({"WORLD_SIZE": "2", "BAYESAVG_THREADS": "3"}, 3),  # asked for: kept
+    ],
+)
+def test_ranks_share_the_default_threads_never_by_the_machine_s_cores(
+    env: dict[str, str], expected: int
+) -> None:
+    assert numerics.threads(env) == expected
+    pinned = dict(env)
+    numerics.pin(pinned)
+    assert pinned["OMP_NUM_THREADS"] == pinned["MKL_NUM_THREADS"] == str(expected)
+
+
+def test_oversubscription_is_named_in_one_line() -> None:
+    assert numerics.oversubscribed(2, {}, cores=2) is None  # 2 ranks x 1 thread
+    assert numerics.oversubscribed(1, {}, cores=2) is None
+    crowded = numerics.oversubscribed(2, {"BAYESAVG_THREADS": "2"}, cores=2)
+    assert crowded == (
+        "2 processes x 2 threads on 2 usable cores: oversubscribed, slower than fewer "
+        "processes (BAYESAVG_NPROC) or threads (BAYESAVG_THREADS)"
+    )
+    assert numerics.oversubscribed(3, {}, cores=2) is not None  # 1 thread each is the least
+    assert numerics.usable_cores() >= 1
+
+
 def test_no_pins_where_the_avx2_path_does_not_exist() -> None:
     avx2 = frozenset({"sse2", "avx", "avx2", "fma"})
     assert numerics.can_pin("x86_64", avx2)

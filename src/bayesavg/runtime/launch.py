@@ -65,6 +65,9 @@ def relaunch(argv: Sequence[str]) -> None:
     # The ranks are new processes that inherit the environment: the thread count and
     # instruction set apply to them even where this process imported torch unpinned.
     numerics.pin(os.environ)
+    crowded = numerics.oversubscribed(nproc())
+    if crowded is not None:
+        logging.getLogger(__name__).warning(crowded)
     # torchrun's own account of a failure ("failed (exitcode: 2) local_rank: 1 ...") is a
     # consequence of the rank's error, which is reported instead. Its loggers set their
     # own levels, so each is silenced, not just the parent.

@@ -11,8 +11,12 @@ before that, and every entry point (each stage's ``_bootstrap``, the
 ``bayesavg`` command, the tests) calls it first. torchrun's ranks inherit
 the environment, so every rank runs with the same settings.
 
-``BAYESAVG_THREADS`` (default ``DEFAULT_THREADS``) is the intra-op thread
-count of every stage and rank. ``BAYESAVG_NUMERICS=native`` leaves the
+``BAYESAVG_THREADS`` is the intra-op thread count of every stage and rank.
+Unset, it is ``DEFAULT_THREADS`` shared among the ranks of a torchrun job
+(``WORLD_SIZE``): one process gets 2 threads, each of 2 or more ranks gets 1,
+so N ranks never run more threads than one process would. It depends on N,
+never on the machine's cores, so the bytes stay the same on every machine at a
+given (N, threads). ``BAYESAVG_NUMERICS=native`` leaves the
 instruction set to the libraries (faster on AVX-512 machines, bytes tied to
 the CPU); the default, ``portable``, pins AVX2 where the CPU has it. This
 module does not import torch.
@@ -50,12 +54,49 @@ NEEDED_FLAGS = frozenset({"avx2", "fma"})
 
 
 def threads(environ: MutableMapping[str, str] | None = None) -> int:
-    """The intra-op thread count of every stage and rank (``BAYESAVG_THREADS``)."""
+    """The intra-op thread count of this stage or rank: ``BAYESAVG_THREADS``, else
+    ``DEFAULT_THREADS`` divided among the ranks of its torchrun job (at least 1)."""
     env = os.environ if environ is None else environ
-    text = env.get(THREADS_ENV, str(DEFAULT_THREADS))
+    text = env.get(THREADS_ENV)
+    if text is None:
+        return max(1, DEFAULT_THREADS // world_size(env))
     if not text.isdigit() or int(text) < 1:
         raise UserError(f"{THREADS_ENV}: must be a positive integer (got {text!r})")
     return int(text)
+
+
+def world_size(environ: MutableMapping[str, str]) -> int:
+    """The processes of this torchrun job (``WORLD_SIZE``, which torchrun sets in each
+    rank), or 1 outside one."""
+    text = environ.get("WORLD_SIZE", "1")
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, as taskset or a container's
+    cpuset limits it), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def oversubscribed(
+    processes: int, environ: MutableMapping[str, str] | None = None, cores: int | None = None
+) -> str | None:
+    """One line if ``processes`` local processes of ``threads`` threads each would run
+    more threads than there are usable cores (each waits on the others: a 2-process
+    DSWAG stage took 150 s instead of 9), else None."""
+    env = dict(os.environ if environ is None else environ)
+    env["WORLD_SIZE"] = str(processes)
+    each = threads(env)
+    have = usable_cores() if cores is None else cores
+    if processes * each <= have:
+        return None
+    return (
+        f"{processes} processes x {each} threads on {have} usable cores: oversubscribed, "
+        f"slower than fewer processes (BAYESAVG_NPROC) or threads ({THREADS_ENV})"
+    )
 
 
 def mode(environ: MutableMapping[str, str] | None = None) -> str:

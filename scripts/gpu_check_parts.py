@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 import yaml
+from gpu_check_compare import PREDICTORS, compare, without_theta
 from gpu_check_runner import Context
 
 from bayesavg.config import Params, parse_params
@@ -25,19 +25,11 @@ from bayesavg.trajectories import compute_for, finetune, pretrain_members
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = NORMALISATION["cifar10"]
-# Two runs on other kernels (CPU vs CUDA) or precisions (bf16 vs fp32) start alike and
-# drift apart over thousands of steps as runs of two seeds do: their weights differ (the
-# relative difference says by how much), their test metrics must differ no more than two
-# seeds' do. How much that is, per predictor, was measured on the CPU over 12 seeds of the
-# full-size short run (scripts/gpu_check_seeds.py): the 95th percentile of the pairwise
-# differences. A size it was not measured for (--quick) has no tolerance.
-SEED_SPREAD = ROOT / "benchmarks" / "gpu" / "seed_spread.json"
 # Before the drift, the arithmetic: one batch's gradient from one LeNet-5 initialisation
 # on the CPU and on CUDA, both fp32 (cuDNN in IEEE fp32, not TF32: seeding.
 # deterministic_kernels), differ by rounding only, summed in another order: about 1e-6
 # relative; a wrong kernel, layout or dtype differs by O(1).
 GRADIENT_TOLERANCE = 1e-4
-PREDICTORS = {"map": None, "swag": 0.5}  # method: SWAG scale (the params' defaults)
 
 
 @dataclass(frozen=True)
@@ -316,53 +308,6 @@ def short_run(
 _cached_run = functools.cache(short_run)  # cpu_vs_cuda on the CPU: the same run twice
 
 
-def _without_theta(run: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in run.items() if k != "theta"}
-
-
-def tolerance(size: Size) -> dict[str, Any] | None:
-    """The seed spread measured for ``size`` (``SEED_SPREAD``), or None."""
-    if not SEED_SPREAD.is_file():
-        return None
-    found = json.loads(SEED_SPREAD.read_text())
-    return found if found["what"] == what(size) else None
-
-
-def _compare(
-    a: dict[str, Any], b: dict[str, Any], names: tuple[str, str], size: Size
-) -> dict[str, Any]:
-    """Metric differences of two short runs against the seed spread; weights' distance."""
-    diffs = {}
-    for method in PREDICTORS:
-        acc = 100 * abs(a[method]["accuracy"] - b[method]["accuracy"])
-        nll = abs(a[method]["nll"] - b[method]["nll"]) / a[method]["nll"]
-        diffs[method] = {"accuracy_pp": round(acc, 3), "nll_relative": round(nll, 4)}
-    spread = tolerance(size)
-    if spread is None:
-        limits: dict[str, Any] | str = f"none: no seed spread for this size in {SEED_SPREAD.name}"
-        ok = None
-    else:
-        limits = {
-            m: {k: spread["tolerance"][m][k] for k in ("accuracy_pp", "nll_relative")}
-            for m in PREDICTORS
-        }
-        limits["measured_as"] = (
-            f"the {spread['quantile']:.0%} quantile of the differences between "
-            f"{len(spread['runs'])} CPU seeds ({SEED_SPREAD.relative_to(ROOT)})"
-        )
-        ok = all(diffs[m][k] <= limits[m][k] for m in PREDICTORS for k in diffs[m])
-    weights = float((a["theta"] - b["theta"]).norm() / a["theta"].norm())
-    runs = {n: _without_theta(r) for n, r in zip(names, (a, b), strict=True)}
-    return {
-        "runs": runs,
-        "differences": diffs,
-        "weights_relative_difference": weights,
-        "tolerance": limits,
-        "relative_to": names[0],
-        "within_tolerance": ok,
-    }
-
-
 def what(size: Size) -> str:
     images = f"{size.train_images or 3200} train, {size.short_test_images or 1000} test images"
     return (
@@ -403,13 +348,13 @@ def cpu_vs_cuda(ctx: Context) -> dict[str, Any]:
     ctx.report({"first_gradient": gradient})
     dev = _cached_run(str(device), "fp32", size)  # the GPU's first: kept if the CPU is slow
     ctx.report(
-        {"what": what(size), "first_gradient": gradient, "runs": {device.type: _without_theta(dev)}}
+        {"what": what(size), "first_gradient": gradient, "runs": {device.type: without_theta(dev)}}
     )
     cpu = _cached_run("cpu", "fp32", size)
     if device.type == "cpu":  # --device cpu: the same (cached) run twice, for the JSON's shape
-        found = _compare(cpu, dev, ("cpu", "cpu_same_run"), size)
+        found = compare(cpu, dev, ("cpu", "cpu_same_run"), what(size))
     else:
-        found = _compare(cpu, dev, ("cpu", "cuda"), size)
+        found = compare(cpu, dev, ("cpu", "cuda"), what(size))
     return {"what": what(size), "first_gradient": gradient, **found}
 
 
@@ -417,6 +362,6 @@ def bf16_vs_fp32(ctx: Context) -> dict[str, Any]:
     """Does bf16 autocast (fp32 master weights) give fp32's test metrics?"""
     size, device = Size.of(ctx), ctx.device
     fp32 = short_run(device, "fp32", size)
-    ctx.report({"what": what(size), "runs": {"fp32": _without_theta(fp32)}})
+    ctx.report({"what": what(size), "runs": {"fp32": without_theta(fp32)}})
     bf16 = short_run(device, "bf16", size)
-    return {"what": what(size), **_compare(fp32, bf16, ("fp32", "bf16"), size)}
+    return {"what": what(size), **compare(fp32, bf16, ("fp32", "bf16"), what(size))}

@@ -64,19 +64,20 @@ def main(argv: list[str] | None = None) -> int:
 
     numerics.pin()  # before torch: the CPU bytes every machine reproduces
     import gpu_check_parts as parts
+    from gpu_check_compare import PREDICTORS
 
     size = parts.Size.full()
     runs: dict[int, dict[str, Any]] = {}
     for seed in range(args.seeds):
         run = parts.short_run("cpu", "fp32", size, seed=seed)
-        runs[seed] = {m: run[m] for m in parts.PREDICTORS}
+        runs[seed] = {m: run[m] for m in PREDICTORS}
         print(f"seed {seed}: {json.dumps(runs[seed])}", file=sys.stderr, flush=True)
     found = {
         "what": parts.what(size),
         "device": "cpu",
         "precision": "fp32",
         "quantile": QUANTILE,
-        "tolerance": spread(runs, list(parts.PREDICTORS)),
+        "tolerance": spread(runs, list(PREDICTORS)),
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

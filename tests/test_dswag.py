@@ -165,10 +165,10 @@ def _assert_same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.fixture
 def one_thread() -> Any:
-    """The thread count ``run_dswag`` sets in this process (``numerics.threads``), for
+    """The thread count ``_alone`` runs ``run_dswag`` at (the ranks' default, 1), for
     references built here."""
     before = torch.get_num_threads()
-    torch.set_num_threads(numerics.threads())
+    torch.set_num_threads(numerics.threads({"WORLD_SIZE": "2"}))
     yield
     torch.set_num_threads(before)
 

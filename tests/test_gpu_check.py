@@ -242,23 +242,24 @@ def test_the_seed_spread_is_the_95th_percentile_of_pairwise_differences() -> Non
 def test_cpu_and_cuda_runs_are_judged_against_the_committed_seed_spread() -> None:
     """The full-size short run has a measured spread; a difference inside it passes, one
     beyond it on any predictor and metric fails; the toy size has no verdict."""
-    from gpu_check_parts import PREDICTORS, SEED_SPREAD, Size, _compare, tolerance
+    from gpu_check_compare import PREDICTORS, SEED_SPREAD, compare, tolerance
+    from gpu_check_parts import Size, what
 
-    spread = tolerance(Size.full())
+    spread = tolerance(what(Size.full()))
     assert spread is not None, f"{SEED_SPREAD}: run scripts/gpu_check_seeds.py"
     assert len(spread["runs"]) >= 10 and set(spread["tolerance"]) == set(PREDICTORS)
     limit = spread["tolerance"]["swag"]["nll_relative"]
     cpu = _short(0.96, 0.2, 0.1, 1.0)
-    inside = _compare(
-        cpu, _short(0.96, 0.2, 0.1 * (1 + limit / 2), 2.0), ("cpu", "cuda"), Size.full()
+    inside = compare(
+        cpu, _short(0.96, 0.2, 0.1 * (1 + limit / 2), 2.0), ("cpu", "cuda"), what(Size.full())
     )
     assert inside["within_tolerance"] is True and inside["weights_relative_difference"] == 1.0
-    beyond = _compare(
-        cpu, _short(0.96, 0.2, 0.1 * (1 + 2 * limit), 1.0), ("cpu", "cuda"), Size.full()
+    beyond = compare(
+        cpu, _short(0.96, 0.2, 0.1 * (1 + 2 * limit), 1.0), ("cpu", "cuda"), what(Size.full())
     )
     assert beyond["within_tolerance"] is False
     assert "12 CPU seeds" in beyond["tolerance"]["measured_as"]
-    toy = _compare(cpu, cpu, ("cpu", "cpu"), Size.quick())
+    toy = compare(cpu, cpu, ("cpu", "cpu"), what(Size.quick()))
     assert toy["within_tolerance"] is None
 
 

@@ -20,7 +20,6 @@ to ``benchmarks/pipeline.json``. See ``benchmarks/README.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -32,9 +31,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from timing import Outcome, Stopwatch, interleave, load_average, median_range, write_results
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # stage_ledger, shared with gpu-check
+
+import stage_ledger  # noqa: E402
+from timing import Outcome, Stopwatch, interleave, load_average, median_range, write_results  # noqa: E402
+
 OUT = Path(__file__).resolve().parent / "pipeline.json"
 BIN = Path(sys.executable).parent
 TRIVIAL_STAGE = '''"""A stage whose work is trivial, tracked in MLflow (benchmarks/pipeline.py)."""
@@ -132,22 +134,14 @@ def forced_repro(root: Path) -> dict[str, Any]:
     if proc.wait() != 0:
         raise SystemExit("dvc repro --force failed in the benchmark workspace")
     total = time.perf_counter() - started
-    # Each MLflow run's ledger entry; a stage of several units (evaluate@<trajectory>,
-    # dswag_sweep, landscape) has one per unit, tagged with the stage.
-    ledger = [json.loads(f.read_text()) for f in sorted((root / "runs").glob("*.json"))]
-    stages = []
-    for i, (stage, at) in enumerate(marks):
-        wall = (marks[i + 1][1] if i + 1 < len(marks) else total) - at
-        runs = [r for r in ledger if r.get("dvc_stage", r.get("stage")) == stage]
-        split = {
-            k: sum(r.get("seconds", {}).get(k, 0.0) for r in runs)
-            for k in ("startup", "compute", "finish")
-        }
-        split["dvc_and_launch"] = wall - sum(split.values())
-        stages.append({"stage": stage, "wall": wall, **split})
-    sums = {
-        k: sum(s[k] for s in stages) for k in ("startup", "compute", "finish", "dvc_and_launch")
+    walls = {
+        stage: (marks[i + 1][1] if i + 1 < len(marks) else total) - at
+        for i, (stage, at) in enumerate(marks)
     }
+    per_stage = stage_ledger.split(root, walls)
+    zero = dict.fromkeys(stage_ledger.KEYS, 0.0)
+    stages = [{"stage": st, "wall": walls[st], **zero, **found} for st, found in per_stage.items()]
+    sums = stage_ledger.totals(per_stage)
     return {
         "total_seconds": round(total, 1),
         "stages": len(stages),

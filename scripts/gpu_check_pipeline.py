@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import stage_ledger
 import yaml
 from gpu_check_runner import NO_CUDA, TARGETS, Context, PartError
 
@@ -113,27 +114,11 @@ def _metrics(repo: Path) -> dict[str, Any]:
 
 
 def split(repo: Path, stages: dict[str, float]) -> dict[str, Any]:
-    """Where each finished stage's seconds went, from the ledger its MLflow runs leave in
-    ``runs/*.json`` (as benchmarks/pipeline.py reads it): ``startup`` (the stage's
-    imports, torch and CUDA included, up to its run), ``compute``, ``finish`` (the
-    tracking queue drained), the rest ``dvc_and_launch`` (the interpreter's start, DVC)."""
-    sums: dict[str, dict[str, float]] = {}
-    for path in sorted((repo / "runs").glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):  # being written
-            continue
-        into = sums.setdefault(record.get("dvc_stage", record.get("stage")), {})
-        for key, value in record.get("seconds", {}).items():
-            into[key] = into.get(key, 0.0) + value
-    per_stage = {}
-    for stage, wall in stages.items():
-        found = {k: round(v, 2) for k, v in sums.get(stage, {}).items()}
-        found["dvc_and_launch"] = round(wall - sum(found.values()), 2)
-        per_stage[stage] = found
-    keys = ("startup", "compute", "finish", "dvc_and_launch")
-    totals = {k: round(sum(s.get(k, 0.0) for s in per_stage.values()), 1) for k in keys}
-    return {"split_seconds": totals, "stage_split_seconds": per_stage}
+    """Where each finished stage's seconds went (``stage_ledger.split``), and the totals."""
+    per_stage = stage_ledger.split(repo, stages)
+    rounded = {st: {k: round(v, 2) for k, v in found.items()} for st, found in per_stage.items()}
+    totals = {k: round(v, 1) for k, v in stage_ledger.totals(per_stage).items()}
+    return {"split_seconds": totals, "stage_split_seconds": rounded}
 
 
 def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def raw_params() -> dict[str, Any]:
 
 # Wall-clock columns of a training history: MLflow gets them (``log_history``), the
 # DVC outputs do not, since their bytes must be what any rerun reproduces.
-CLOCK_COLUMNS = ("seconds",)
+CLOCK_COLUMNS = ("seconds", "compile_seconds")
 
 
 def write_history(path: Path, history: Sequence[Mapping[str, float]]) -> None:

@@ -34,7 +34,7 @@ LANDSCAPE_METRICS = Path("metrics/landscape")
 
 def _csv(path: Path) -> list[dict[str, float]]:
     with path.open(newline="") as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
 
 
 def _cell(text: str) -> float | str:

@@ -46,6 +46,8 @@ HOST_FUNCTIONS = {
     "device); the permutation is moved to the device once per epoch",
     "rounds._evaluate": "rank 0's float64 totals on the host, added from results taken "
     "with .cpu(); broadcast() moves them to the device for NCCL",
+    "monitoring.Monitoring.rows": "the monitored subset from a CPU generator (the same rows "
+    "on any device), moved to the data's device once per run",
     "landscape.random_directions": "float64 directions from a CPU generator, the same on "
     "any device; callers move each one to the model's device",
     "landscape.principal_directions": "the SVD of a posterior file's deviations, which "

@@ -35,7 +35,7 @@ from .evaluation import (
     SwagDirectionsParams,
 )
 from .params import Params, load_params, parse_params
-from .run import BootstrapParams, CheckpointParams, ReportParams, TrackingParams
+from .run import BootstrapParams, CheckpointParams, MonitorParams, ReportParams, TrackingParams
 from .trajectories import (
     STARTS,
     AnyTrajectory,
@@ -75,6 +75,7 @@ __all__ = [
     "LaplaceTrajectory",
     "LineSpec",
     "ModelParams",
+    "MonitorParams",
     "NonNegFloat",
     "NonNegInt",
     "OODParams",

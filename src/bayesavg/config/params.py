@@ -16,7 +16,7 @@ from .base import _NAME, NonNegInt, _Section
 from .data_model import DataParams, ModelParams
 from .evaluation import EvaluateParams
 from .methods import PROVIDES, REGISTRY
-from .run import CheckpointParams, ReportParams, TrackingParams
+from .run import CheckpointParams, MonitorParams, ReportParams, TrackingParams
 from .trajectories import (
     STARTS,
     AnyTrajectory,
@@ -34,12 +34,14 @@ class Params(_Section):
     device: str = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     channels_last: Literal["auto"] | bool = "auto"
+    compile: bool = False
     data: DataParams = DataParams()
     model: ModelParams = ModelParams()
     pretrain: PretrainParams = PretrainParams()
     finetune: dict[str, AnyTrajectory]
     evaluate: EvaluateParams
     checkpoint: CheckpointParams = CheckpointParams()
+    monitor: MonitorParams = MonitorParams()
     tracking: TrackingParams = TrackingParams()
     report: ReportParams = ReportParams()
 

@@ -1,4 +1,5 @@
-"""Sections `checkpoint`, `tracking` and `report`: how a run resumes, logs and reports."""
+"""Sections `checkpoint`, `monitor`, `tracking` and `report`: how a run resumes, is
+watched, logs and reports."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .base import NonNegInt, _Section
+from .base import NonNegInt, PosInt, _Section
 
 
 class CheckpointParams(_Section):
@@ -17,6 +18,17 @@ class CheckpointParams(_Section):
     """
 
     every: NonNegInt = 1  # epochs between checkpoints; 0 turns them off
+
+
+class MonitorParams(_Section):
+    """The validation and test curves of training runs (``training.monitoring``).
+
+    They change the curves (plots, MLflow metrics), never a posterior or a
+    predictor; the CIFAR presets thin them to under 5% of an epoch.
+    """
+
+    every: PosInt = 1  # epochs between curve points; the last epoch always has one
+    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0  # share of the images, fixed by seed
 
 
 class TrackingParams(_Section):

@@ -54,6 +54,7 @@ class Optim(_Section):
     batch_size: PosInt = 64
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     weight_decay: NonNegFloat = 5e-4
+    compile: bool | None = None  # the step through torch.compile; unset: the global `compile`
 
 
 class PretrainParams(Optim):

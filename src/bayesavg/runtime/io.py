@@ -94,12 +94,14 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def write_csv(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
-    """Write rows (dicts with the same keys) as CSV; floats in repr precision."""
+    """Write rows as CSV; floats in repr precision. The columns are every row's keys in
+    the order first seen; a row without one has an empty cell (a training history's
+    epochs without a monitoring point)."""
     if not rows:
         raise ValueError(f"no rows to write to {path}")
-    header = list(rows[0])
+    header = list(dict.fromkeys(k for row in rows for k in row))
     lines = [",".join(header)]
-    lines += [",".join(_csv_cell(row[k]) for k in header) for row in rows]
+    lines += [",".join(_csv_cell(row[k]) if k in row else "" for k in header) for row in rows]
     write_text(path, "\n".join(lines) + "\n")
 
 

@@ -35,7 +35,9 @@ from ..seeding import derive_seed
 from .augment import Augment, draw_epoch
 from .batches import Tensors, TrainData, batches_per_epoch, check_shards, shard
 from .batchnorm import bn_modules
+from .compiled import CompiledStep
 from .distributed import World
+from .monitoring import EVERY_EPOCH, Monitoring
 from .optim import SGD, Optimizer
 from .precision import Precision
 
@@ -51,6 +53,7 @@ class Compute:
     channels_last: bool = False
     world: World | None = None
     augment: Augment = field(default_factory=Augment)
+    compile: bool = False
 
     @property
     def size(self) -> int:
@@ -238,15 +241,18 @@ def sgd(params: list[torch.Tensor] | nn.Module, momentum: float, weight_decay: f
 
 @torch.inference_mode()
 def loss_and_accuracy(
-    model: nn.Module, data: Tensors, batch_size: int = 1000
+    model: nn.Module, data: Tensors, batch_size: int = 1000, precision: Precision | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean cross-entropy and accuracy in eval mode, as device tensors."""
+    """Mean cross-entropy and accuracy in eval mode, as device tensors; the forward under
+    ``precision``'s autocast (monitoring at the training precision), the loss in fp32."""
     was_training = model.training
     model.eval()
     loss = torch.zeros((), dtype=torch.float64, device=data.x.device)
     correct = torch.zeros((), dtype=torch.int64, device=data.x.device)
+    autocast = precision.autocast if precision is not None else contextlib.nullcontext
     for start in range(0, len(data), batch_size):
-        logits = model(data.x[start : start + batch_size])
+        with autocast():
+            logits = model(data.x[start : start + batch_size]).float()
         yb = data.y[start : start + batch_size]
         loss += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
         correct += (logits.argmax(1) == yb).sum()
@@ -273,12 +279,16 @@ def train(
     log_epochs: bool = True,
     ctx: StepContext | None = None,
     augment_seed: int = 0,
+    monitoring: Monitoring = EVERY_EPOCH,
+    compiled: CompiledStep | None = None,
 ) -> list[dict[str, float]]:
     """Run ``epochs`` of minibatch training; return one history row per epoch.
 
     ``generator`` (CPU) shuffles; ``after_step(i)`` runs after optimizer step
     i (0-based), e.g. to collect SWAG snapshots; ``epoch_metrics()`` adds
-    columns to each epoch's row (monitoring, e.g. test curves). A non-finite
+    columns to each epoch's row (monitoring, e.g. test curves). ``monitoring``
+    says at which epochs validation and ``epoch_metrics`` run, and on which
+    subset of ``val_data``; other rows hold the training columns. A non-finite
     epoch loss stops training with a ``UserError`` naming the epoch.
     ``progress`` continues a run from an epoch boundary (the caller restores
     the model, optimizer, generator and RNG states that go with it) and is
@@ -293,6 +303,10 @@ def train(
     training columns. Augmentation (``TrainData.augment``) is drawn per epoch
     from a generator seeded by (``augment_seed``, epoch): a resumed run
     augments exactly as an uninterrupted one.
+
+    ``compiled``: steps call its compiled view of ``model``, every batch shape
+    compiled before the first epoch (``CompiledStep.warm_up``); the first row of
+    this call holds the seconds that took (``compile_seconds``).
     """
     ctx = ctx or StepContext()
     world = ctx.world
@@ -305,6 +319,8 @@ def train(
     check_shards(n, batch_size, iters_per_epoch, 1 if world is None else world.size, batch_norm)
     augment = isinstance(train_data, TrainData) and train_data.augment.active
     device = train_data.y.device
+    if val_data is not None:
+        val_data = monitoring.subset(val_data)
     progress = progress if progress is not None else Progress()
     history = progress.history
     iteration = progress.iteration
@@ -316,6 +332,11 @@ def train(
         initial=progress.epoch,
         total=epochs,
     )
+    stepper, compile_seconds = model, 0.0
+    if compiled is not None:
+        model.train()
+        stepper = compiled.view
+        compile_seconds = _warm_up(compiled, step, train_data, batch_size, iters_per_epoch, ctx)
     for epoch in bar:
         started = time.perf_counter()
         model.train()
@@ -339,7 +360,7 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = rate
             optimizer.zero_grad(set_to_none=True)
-            loss, logits = step(model, xb, yb, ctx)
+            loss, logits = step(stepper, xb, yb, ctx)
             ctx.reduce_grads(optimizer.params)
             if ctx.scaler is not None:
                 ctx.scaler.step(optimizer)
@@ -364,12 +385,15 @@ def train(
                 f"{desc}: training loss became {row['train_loss']} in epoch {epoch}; "
                 "lower the learning rate (schedule.lr) or check the data"
             )
-        if main and val_data is not None:
-            val_loss, val_acc = loss_and_accuracy(model, val_data)
+        watch = main and monitoring.due(epoch, epochs)
+        if watch and val_data is not None:
+            val_loss, val_acc = loss_and_accuracy(model, val_data, precision=ctx.precision)
             row["val_loss"], row["val_accuracy"] = val_loss.item(), val_acc.item()
-        if main and epoch_metrics is not None:
+        if watch and epoch_metrics is not None:
             row.update(epoch_metrics())
         row["seconds"] = time.perf_counter() - started
+        if compile_seconds:
+            row["compile_seconds"], compile_seconds = compile_seconds, 0.0
         history.append(row)
         progress.epoch, progress.iteration = epoch, iteration
         if log_epochs and main:
@@ -383,6 +407,34 @@ def train(
         if on_epoch is not None:
             on_epoch(progress)
     return history
+
+
+def _warm_up(
+    compiled: CompiledStep,
+    step: Step,
+    data: Tensors | TrainData,
+    batch_size: int,
+    iters: int,
+    ctx: StepContext,
+) -> float:
+    """Compile the step for an epoch's batch shapes: the full batch and the last one
+    (this rank's shares of them), on the first examples, not augmented."""
+    n = len(data)
+    device = data.y.device
+    sizes = dict.fromkeys([min(batch_size, n), n - (iters - 1) * batch_size])
+    batches, weights = [], []
+    for size in sizes:
+        idx = torch.arange(size, device=device)
+        local = shard(idx, ctx.world)
+        batches.append(data.batch(local))
+        weights.append(local.shape[0] / size)
+    turns = iter(weights)
+
+    def run(view: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        ctx.weight = next(turns)
+        step(view, x, y, ctx)
+
+    return compiled.warm_up(run, batches, (n, batch_size), ctx.shared)
 
 
 def _sum_over_ranks(

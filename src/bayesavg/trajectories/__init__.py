@@ -31,6 +31,7 @@ from ..posteriors.file import PosteriorFile
 from ..runtime.checkpoint import Resumable
 from ..runtime.errors import UserError
 from ..seeding import derive_seed, seed_everything
+from ..training.monitoring import Monitoring
 from ..training.train import Compute
 from . import gradient, variational
 from .common import (
@@ -65,6 +66,12 @@ log = logging.getLogger(__name__)
 
 def _compute(params: Params, device: torch.device, compute: Compute | None) -> Compute:
     return compute if compute is not None else compute_for(params, device)
+
+
+def monitoring(params: Params) -> Monitoring:
+    """The params' curve settings; one subset per pipeline seed, shared by every run."""
+    m = params.monitor
+    return Monitoring(m.every, m.fraction, derive_seed(params.seed, "monitor"))
 
 
 def pretrain_members(
@@ -124,7 +131,17 @@ def pretrain(
     desc = "pretrain" if member == 0 else f"pretrain member {member}"
     opts = params.pretrain
     plan = gradient.plan(opts, model, compute, ctx, len(prepared.train))
-    history = run_plan(plan, opts, prepared, compute, ctx, run_seed, desc, resume=resume)
+    history = run_plan(
+        plan,
+        opts,
+        prepared,
+        compute,
+        ctx,
+        run_seed,
+        desc,
+        monitoring=monitoring(params),
+        resume=resume,
+    )
     fields = posterior_fields(params, prepared, "pretrain", kwargs)
     return RunResult(gradient.finish(plan, fields, desc), history)
 
@@ -197,6 +214,7 @@ def _run(
         desc,
         snapshots=traj,
         monitor=True,
+        monitoring=monitoring(params),
         resume=resume,
     )
     if not compute.is_main:

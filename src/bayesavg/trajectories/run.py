@@ -36,7 +36,9 @@ from ..runtime.checkpoint import Resumable
 from ..seeding import derive_seed, generator, rng_state, set_rng_state
 from ..training.batches import batches_per_epoch
 from ..training.batchnorm import bn_modules, update_bn
+from ..training.compiled import CompiledStep
 from ..training.distributed import World
+from ..training.monitoring import EVERY_EPOCH, Monitoring
 from ..training.optim import Optimizer
 from ..training.train import (
     Compute,
@@ -187,13 +189,16 @@ def run_plan(
     *,
     snapshots: Trajectory | None = None,
     monitor: bool = False,
+    monitoring: Monitoring = EVERY_EPOCH,
     resume: Resumable | None = None,
 ) -> list[dict[str, float]]:
     """Train ``plan`` on ``opts``' schedule; return the history (rank 0's is complete).
 
     ``snapshots``: the trajectory whose ``collect`` section times
-    ``plan.collect``; ``monitor``: add per-epoch test curves of the iterate and
-    the running average; ``resume``: a checkpoint to continue from and save to.
+    ``plan.collect``; ``monitor``: add test curves of the iterate and the
+    running average to the validation curves; ``monitoring``: at which epochs
+    and on which share of the images; ``resume``: a checkpoint to continue from
+    and save to.
     """
     data = train_data(prepared, compute)
     per_epoch = batches_per_epoch(len(data), opts.batch_size, bool(bn_modules(plan.trained)))
@@ -224,9 +229,12 @@ def run_plan(
             if snapshots.collects_after(i, per_epoch):
                 collect()
 
+    compiled = None
+    if compute.compile if opts.compile is None else opts.compile:
+        compiled = CompiledStep(plan.trained)
     metrics = None
     if monitor and compute.is_main:
-        metrics = _monitor(plan, prepared, data.inputs, compute.device)
+        metrics = _monitor(plan, prepared, data.inputs, compute, monitoring)
     return train(
         plan.trained,
         plan.optimizer,
@@ -244,6 +252,8 @@ def run_plan(
         on_epoch=on_epoch,
         ctx=ctx,
         augment_seed=run_seed,
+        monitoring=monitoring,
+        compiled=compiled,
     )
 
 
@@ -251,22 +261,26 @@ def _monitor(
     plan: Plan,
     prepared: Prepared,
     train_inputs: Callable[[], torch.Tensor],
-    device: torch.device,
+    compute: Compute,
+    monitoring: Monitoring,
 ) -> Callable[[], dict[str, float]]:
-    """Per-epoch test loss/accuracy of the iterate and of the running average.
+    """Test loss/accuracy of the iterate and of the running average, at the training
+    precision, on ``monitoring``'s share of the test images.
 
     For monitoring curves only (the report says so): no choice reads them.
     The iterate is evaluated as is (for VI: at mu); the running average is
     loaded into a copy of the plain network, whose BatchNorm statistics are
-    recomputed on the (not augmented) training images.
+    recomputed on the same share of the (not augmented) training images.
     """
     net = plan.trained
     average = plan.average
-    test = tensors(prepared.test, prepared, device)
+    device = compute.device
+    precision = compute.precision
+    test = monitoring.subset(tensors(prepared.test, prepared, device))
     avg_net = copy.deepcopy(plan.template or net) if average is not None else None
 
     def metrics() -> dict[str, float]:
-        loss, acc = loss_and_accuracy(net, test)
+        loss, acc = loss_and_accuracy(net, test, precision=precision)
         row = {"test_loss": loss.item(), "test_accuracy": acc.item()}
         if avg_net is not None and average is not None:
             mean = average()
@@ -274,8 +288,9 @@ def _monitor(
             if mean is not None:
                 load_theta(avg_net, mean.to(device=device, dtype=torch.float32), {})
                 if has_batchnorm(avg_net):
-                    update_bn(avg_net, train_inputs())
-                loss, acc = loss_and_accuracy(avg_net, test)
+                    with precision.autocast():
+                        update_bn(avg_net, monitoring.inputs(train_inputs()))
+                loss, acc = loss_and_accuracy(avg_net, test, precision=precision)
                 row["avg_test_loss"], row["avg_test_accuracy"] = loss.item(), acc.item()
         return row
 

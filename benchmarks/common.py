@@ -19,7 +19,8 @@ from bayesavg.data.prepared import Prepared, prepare, to_input
 from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile
 from bayesavg.seeding import derive_seed, generator
-from bayesavg.training.train import Tensors, lr_at, sgd, train
+from bayesavg.training.schedules import lr_at
+from bayesavg.training.train import Tensors, sgd, train
 
 SEED = 0
 INPUT_SHAPE = (1, 28, 28)

@@ -23,7 +23,8 @@ from bayesavg.runtime.errors import UserError
 from bayesavg.training.augment import Augment
 from bayesavg.training.flat import params_vector
 from bayesavg.training.precision import Precision, precision_for
-from bayesavg.training.train import Compute, StepContext, lr_at, sgd_step
+from bayesavg.training.schedules import lr_at
+from bayesavg.training.train import Compute, StepContext, sgd_step
 from bayesavg.trajectories import finetune, pretrain_members, run
 
 

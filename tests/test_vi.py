@@ -128,7 +128,8 @@ def _fit_blr(x: torch.Tensor, y: torch.Tensor, optimizer: str) -> MeanFieldVI:
     cosine schedule), with a Gaussian likelihood, from sigma_0 = 0.003."""
     from bayesavg.training.batches import Tensors
     from bayesavg.training.optim import build
-    from bayesavg.training.train import lr_at, train
+    from bayesavg.training.schedules import lr_at
+    from bayesavg.training.train import train
 
     def gaussian_nll(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return 0.5 * ((out.squeeze(1) - target) / BLR_NOISE).pow(2).mean()

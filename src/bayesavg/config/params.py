@@ -35,6 +35,7 @@ class Params(_Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     channels_last: Literal["auto"] | bool = "auto"
     compile: bool = False
+    cuda_graphs: bool = False
     data: DataParams = DataParams()
     model: ModelParams = ModelParams()
     pretrain: PretrainParams = PretrainParams()

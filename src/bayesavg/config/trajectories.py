@@ -55,6 +55,7 @@ class Optim(_Section):
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     weight_decay: NonNegFloat = 5e-4
     compile: bool | None = None  # the step through torch.compile; unset: the global `compile`
+    cuda_graphs: bool | None = None  # the step as a CUDA graph; unset: the global one
 
 
 class PretrainParams(Optim):

@@ -51,7 +51,8 @@ from ..training.batchnorm import bn_modules
 from ..training.distributed import World, broadcast, in_client_order, joined
 from ..training.flat import params_vector
 from ..training.optim import SGD
-from ..training.train import lr_at, train
+from ..training.schedules import lr_at
+from ..training.train import train
 from ..trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
 from .federated import dirichlet_split, fedavg_weights, iid_split, phase2_rate, sample_clients
 

@@ -22,11 +22,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..seeding import rng_state, set_rng_state
+from .batches import Tensors, TrainData, shard
+
+if TYPE_CHECKING:
+    from .train import Step, StepContext
 
 log = logging.getLogger(__name__)
 
@@ -87,3 +92,25 @@ class CompiledStep:
         shapes = sorted({tuple(x.shape) for x, _ in batches})
         log.info("compiled the training step for batches of %s in %.1f s", shapes, seconds)
         return seconds
+
+    def warm_up_epoch(
+        self, step: Step, data: Tensors | TrainData, batch_size: int, iters: int, ctx: StepContext
+    ) -> float:
+        """Compile ``step`` for an epoch's batch shapes: the full batch and the last one
+        (this rank's shares of them), on the first examples, not augmented."""
+        n = len(data)
+        device = data.y.device
+        sizes = dict.fromkeys([min(batch_size, n), n - (iters - 1) * batch_size])
+        batches, weights = [], []
+        for size in sizes:
+            idx = torch.arange(size, device=device)
+            local = shard(idx, ctx.world)
+            batches.append(data.batch(local))
+            weights.append(local.shape[0] / size)
+        turns = iter(weights)
+
+        def run(view: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+            ctx.weight = next(turns)
+            step(view, x, y, ctx)
+
+        return self.warm_up(run, batches, (n, batch_size), ctx.shared)

@@ -91,7 +91,8 @@ class SGD(Optimizer):
         group = self.param_groups[0]
         params = self._with_grads()
         buffers = [self.state.get(p, {}).get("momentum_buffer") for p in params]
-        sgd(
+        step = _sgd_at_tensor_rate if isinstance(group["lr"], torch.Tensor) else sgd
+        step(
             params,
             [p.grad for p in params],
             buffers,
@@ -105,6 +106,37 @@ class SGD(Optimizer):
         if group["momentum"]:
             for p, buf in zip(params, buffers, strict=True):
                 self.state.setdefault(p, {})["momentum_buffer"] = buf
+
+
+def _sgd_at_tensor_rate(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    buffers: list[torch.Tensor | None],
+    *,
+    weight_decay: float,
+    momentum: float,
+    lr: torch.Tensor,
+    **_: object,
+) -> None:
+    """``torch.optim.sgd.sgd``'s arithmetic at a rate held in a float64 device tensor
+    (a CUDA-graph step; torch's own converts it to a Python number, a host sync).
+
+    ``p.addcmul_(d, lr, value=-1)`` is bitwise ``p.add_(d, alpha=-lr)``; weight decay
+    and momentum are torch's own operations, so the bytes are those of ``sgd``
+    (tests/test_graphs.py). ``buffers`` gets each new momentum buffer, as ``sgd``.
+    """
+    if weight_decay:
+        grads = [g.add(p, alpha=weight_decay) for g, p in zip(grads, params, strict=True)]
+    if momentum:
+        for i, g in enumerate(grads):
+            buf = buffers[i]
+            if buf is None:
+                buffers[i] = g.detach().clone()
+            else:
+                buf.mul_(momentum).add_(g)
+        grads = [b for b in buffers if b is not None]
+    for p, d in zip(params, grads, strict=True):
+        p.addcmul_(d, lr, value=-1)
 
 
 class Adam(Optimizer):

@@ -10,10 +10,7 @@ channels-last, and under torchrun each rank takes a deterministic share of
 every global batch (``batches.shard``) and gradients are averaged across
 ranks before the optimizer steps (``StepContext``). Metrics are accumulated
 on the device and read once per epoch, so there is no host sync per
-iteration. Learning rates are plain functions of the iteration: the cyclic
-SWA schedule (linear within each cycle) and the SWAG paper's CIFAR schedule
-are not in ``torch.optim.swa_utils``, whose SWALR is epoch-based and anneals
-differently.
+iteration. Learning rates are plain functions of the iteration (``schedules``).
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from .batches import Tensors, TrainData, batches_per_epoch, check_shards, shard
 from .batchnorm import bn_modules
 from .compiled import CompiledStep
 from .distributed import World
+from .graphs import GraphStep
 from .monitoring import EVERY_EPOCH, Monitoring
 from .optim import SGD, Optimizer
 from .precision import Precision
@@ -54,6 +52,7 @@ class Compute:
     world: World | None = None
     augment: Augment = field(default_factory=Augment)
     compile: bool = False
+    cuda_graphs: bool = False
 
     @property
     def size(self) -> int:
@@ -186,53 +185,6 @@ def sgd_step(
     return loss.detach(), logits.detach()
 
 
-def swag_factor(t: float, ratio: float) -> float:
-    """The SWAG paper's CIFAR schedule (reference ``run_swag.py``) as a fraction of lr."""
-    if t <= 0.5:
-        return 1.0
-    if t <= 0.9:
-        return 1.0 - (1.0 - ratio) * (t - 0.5) / 0.4
-    return ratio
-
-
-def lr_at(
-    kind: str,
-    lr: float,
-    lr_end: float,
-    cycle_length: int,
-    total_iters: int,
-    iters_per_epoch: int = 1,
-    decay_epochs: int | None = None,
-) -> Callable[[int], float]:
-    """Learning rate for 0-based iteration i.
-
-    cosine: lr -> lr_end over ``total_iters``; constant: lr; cyclic: the SWA
-    paper's alpha(i) = (1 - t) lr + t lr_end, t = ((i mod c) + 1) / c, so the
-    last iteration of each cycle runs at lr_end; swag: per epoch e = i //
-    ``iters_per_epoch``, ``swag_factor(e / decay_epochs, lr_end / lr)`` times lr
-    (``decay_epochs`` defaults to the run's epochs).
-    """
-    if kind == "constant":
-        return lambda i: lr
-    if kind == "cosine":
-        span = max(total_iters - 1, 1)
-        return lambda i: (
-            lr_end + (lr - lr_end) * 0.5 * (1 + math.cos(math.pi * min(i, span) / span))
-        )
-    if kind == "cyclic":
-
-        def cyclic(i: int) -> float:
-            t = ((i % cycle_length) + 1) / cycle_length
-            return (1 - t) * lr + t * lr_end
-
-        return cyclic
-    if kind == "swag":
-        per_epoch = max(iters_per_epoch, 1)
-        span = decay_epochs or max(math.ceil(total_iters / per_epoch), 1)
-        return lambda i: lr * swag_factor((i // per_epoch) / span, lr_end / lr)
-    raise ValueError(f"unknown schedule {kind!r}")
-
-
 def sgd(params: list[torch.Tensor] | nn.Module, momentum: float, weight_decay: float) -> SGD:
     """SGD whose rate the loop sets per iteration (the initial lr is a placeholder)."""
     tensors = list(params.parameters()) if isinstance(params, nn.Module) else params
@@ -281,6 +233,7 @@ def train(
     augment_seed: int = 0,
     monitoring: Monitoring = EVERY_EPOCH,
     compiled: CompiledStep | None = None,
+    graphs: bool | GraphStep = False,
 ) -> list[dict[str, float]]:
     """Run ``epochs`` of minibatch training; return one history row per epoch.
 
@@ -306,7 +259,10 @@ def train(
 
     ``compiled``: steps call its compiled view of ``model``, every batch shape
     compiled before the first epoch (``CompiledStep.warm_up``); the first row of
-    this call holds the seconds that took (``compile_seconds``).
+    this call holds the seconds that took (``compile_seconds``). ``graphs``: the
+    graph-ready step (``graphs.GraphStep``), captured as a CUDA graph on CUDA; a
+    ``GraphStep`` of ``model`` and ``optimizer`` is used as it is (its graphs are
+    kept from one call to the next).
     """
     ctx = ctx or StepContext()
     world = ctx.world
@@ -336,7 +292,10 @@ def train(
     if compiled is not None:
         model.train()
         stepper = compiled.view
-        compile_seconds = _warm_up(compiled, step, train_data, batch_size, iters_per_epoch, ctx)
+        compile_seconds = compiled.warm_up_epoch(step, train_data, batch_size, iters_per_epoch, ctx)
+    graph = graphs if isinstance(graphs, GraphStep) else None
+    if graphs is True:
+        graph = GraphStep(stepper, optimizer, step, ctx, device)
     for epoch in bar:
         started = time.perf_counter()
         model.train()
@@ -350,6 +309,9 @@ def train(
             )
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
+        if graph is not None:
+            graph.new_epoch()
+            loss_sum, correct = graph.loss_sum, graph.correct
         for b in range(iters_per_epoch):
             end = (b + 1) * batch_size if b < iters_per_epoch - 1 else n
             idx = order[b * batch_size : end]
@@ -357,18 +319,21 @@ def train(
             xb, yb = train_data.batch(local, draws)
             ctx.weight = local.shape[0] / idx.shape[0]
             rate = lr(iteration)
-            for group in optimizer.param_groups:
-                group["lr"] = rate
-            optimizer.zero_grad(set_to_none=True)
-            loss, logits = step(stepper, xb, yb, ctx)
-            ctx.reduce_grads(optimizer.params)
-            if ctx.scaler is not None:
-                ctx.scaler.step(optimizer)
-                ctx.scaler.update()
+            if graph is not None:
+                graph(xb, yb, rate)
             else:
-                optimizer.step()
-            loss_sum += loss.double() * yb.shape[0]
-            correct += (logits.argmax(1) == yb).sum()
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
+                optimizer.zero_grad(set_to_none=True)
+                loss, logits = step(stepper, xb, yb, ctx)
+                ctx.reduce_grads(optimizer.params)
+                if ctx.scaler is not None:
+                    ctx.scaler.step(optimizer)
+                    ctx.scaler.update()
+                else:
+                    optimizer.step()
+                loss_sum += loss.double() * yb.shape[0]
+                correct += (logits.argmax(1) == yb).sum()
             if after_step is not None:
                 after_step(iteration)
             iteration += 1
@@ -407,34 +372,6 @@ def train(
         if on_epoch is not None:
             on_epoch(progress)
     return history
-
-
-def _warm_up(
-    compiled: CompiledStep,
-    step: Step,
-    data: Tensors | TrainData,
-    batch_size: int,
-    iters: int,
-    ctx: StepContext,
-) -> float:
-    """Compile the step for an epoch's batch shapes: the full batch and the last one
-    (this rank's shares of them), on the first examples, not augmented."""
-    n = len(data)
-    device = data.y.device
-    sizes = dict.fromkeys([min(batch_size, n), n - (iters - 1) * batch_size])
-    batches, weights = [], []
-    for size in sizes:
-        idx = torch.arange(size, device=device)
-        local = shard(idx, ctx.world)
-        batches.append(data.batch(local))
-        weights.append(local.shape[0] / size)
-    turns = iter(weights)
-
-    def run(view: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
-        ctx.weight = next(turns)
-        step(view, x, y, ctx)
-
-    return compiled.warm_up(run, batches, (n, batch_size), ctx.shared)
 
 
 def _sum_over_ranks(

@@ -50,6 +50,7 @@ def compute_for(params: Params, device: torch.device, world: World | None = None
         world=world if world is not None and world.size > 1 else None,
         augment=Augment(aug.crop_padding, aug.flip),
         compile=params.compile,
+        cuda_graphs=params.cuda_graphs,
     )
 
 

@@ -38,15 +38,16 @@ from ..training.batches import batches_per_epoch
 from ..training.batchnorm import bn_modules, update_bn
 from ..training.compiled import CompiledStep
 from ..training.distributed import World
+from ..training.graphs import unsupported
 from ..training.monitoring import EVERY_EPOCH, Monitoring
 from ..training.optim import Optimizer
+from ..training.schedules import lr_at
 from ..training.train import (
     Compute,
     Progress,
     Step,
     StepContext,
     loss_and_accuracy,
-    lr_at,
     sgd_step,
     train,
 )
@@ -232,6 +233,17 @@ def run_plan(
     compiled = None
     if compute.compile if opts.compile is None else opts.compile:
         compiled = CompiledStep(plan.trained)
+    graphs = compute.cuda_graphs if opts.cuda_graphs is None else opts.cuda_graphs
+    if graphs:
+        why = unsupported(
+            sam=getattr(opts, "sam_rho", 0.0) > 0,
+            sgld=getattr(opts, "kind", "sgd") == "sgld",
+            precision=compute.precision.name,
+            processes=compute.size,
+        )
+        if why is not None:
+            log.warning("%s: cuda_graphs: steps not captured: %s", desc, why)
+            graphs = False
     metrics = None
     if monitor and compute.is_main:
         metrics = _monitor(plan, prepared, data.inputs, compute, monitoring)
@@ -254,6 +266,7 @@ def run_plan(
         augment_seed=run_seed,
         monitoring=monitoring,
         compiled=compiled,
+        graphs=graphs,
     )
 
 

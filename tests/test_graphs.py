@@ -1,0 +1,139 @@
+"""The graph-ready training step (``cuda_graphs: true``) on the CPU.
+
+On CUDA the step is captured and replayed; what makes it capturable (static
+batch buffers, the rate as a device tensor, the running sums inside the step,
+no host synchronisation) runs on every device, and on the CPU it must give the
+bytes of today's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pipeline_repo import small_params
+
+from bayesavg.config import parse_params
+from bayesavg.models import build_model
+from bayesavg.posteriors import MeanFieldVI, svi_step
+from bayesavg.posteriors.file import PosteriorFile, save_posterior
+from bayesavg.training.graphs import GraphStep, unsupported
+from bayesavg.training.optim import SGD, Adam
+from bayesavg.training.train import StepContext, sgd_step
+from bayesavg.trajectories import finetune, pretrain_members
+
+CPU = torch.device("cpu")
+
+
+def _params(graphs: bool) -> Any:
+    raw = small_params(epochs=2, pretrain_epochs=1, members=2)
+    raw["cuda_graphs"] = graphs
+    return parse_params(raw)
+
+
+@pytest.fixture(scope="module")
+def starts(mnist5k_prepared: Any) -> dict[str, PosteriorFile]:
+    prepared = mnist5k_prepared.prepared
+    params = _params(False)
+    pre = pretrain_members(params, prepared, CPU).posterior
+    return {"pretrain": pre, "vi": finetune(params, "vi", prepared, pre, CPU).posterior}
+
+
+def _bytes(posterior: PosteriorFile, path: Path) -> bytes:
+    save_posterior(path, posterior)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["sgd", "swag", "vi", "hwa", "mc_dropout", "ensemble", "fswag"])
+def test_the_graph_ready_step_gives_the_bytes_of_todays_step(
+    name: str,
+    starts: dict[str, PosteriorFile],
+    mnist5k_prepared: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """fswag (SAM) cannot be captured: it runs today's step, with a warning."""
+    prepared = mnist5k_prepared.prepared
+    results = {}
+    for graphs in (False, True):
+        params = _params(graphs)
+        start = starts[params.finetune[name].start]
+        with caplog.at_level(logging.WARNING):
+            results[graphs] = finetune(params, name, prepared, start, CPU)
+    plain, graphed = (_bytes(results[g].posterior, tmp_path / f"{g}.pt") for g in (False, True))
+    assert plain == graphed
+    for a, b in zip(results[False].history, results[True].history, strict=True):
+        assert (a["train_loss"], a["train_accuracy"]) == (b["train_loss"], b["train_accuracy"])
+    warned = [r.message for r in caplog.records if "cuda_graphs" in r.message]
+    assert bool(warned) == (name == "fswag")
+
+
+def test_what_cannot_be_captured_is_named() -> None:
+    assert unsupported(sam=False, sgld=False, precision="bf16", processes=1) is None
+    assert "SAM" in unsupported(sam=True, sgld=False, precision="fp32", processes=1)
+    assert "SGLD" in unsupported(sam=False, sgld=True, precision="fp32", processes=1)
+    assert "bf16" in unsupported(sam=False, sgld=False, precision="fp16", processes=1)
+    assert "one process" in unsupported(sam=False, sgld=False, precision="fp32", processes=2)
+
+
+@pytest.mark.parametrize(("weight_decay", "momentum"), [(0.0, 0.0), (5e-4, 0.9)])
+def test_sgd_at_a_tensor_rate_is_bitwise_sgd_at_a_float_rate(
+    weight_decay: float, momentum: float
+) -> None:
+    torch.manual_seed(0)
+    start = [torch.randn(1001), torch.randn(3, 7)]
+    a, b = ([t.clone() for t in start] for _ in range(2))
+    float_opt = SGD(a, momentum=momentum, weight_decay=weight_decay)
+    tensor_opt = SGD(b, momentum=momentum, weight_decay=weight_decay)
+    rate = torch.zeros((), dtype=torch.float64)
+    tensor_opt.param_groups[0]["lr"] = rate
+    for i in range(4):
+        grads = [torch.randn_like(t) for t in start]
+        for params in (a, b):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+        float_opt.param_groups[0]["lr"] = 0.0123 * (i + 1)
+        rate.fill_(0.0123 * (i + 1))
+        float_opt.step()
+        tensor_opt.step()
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_adam_at_a_float64_tensor_rate_is_bitwise_adam_at_a_float_rate() -> None:
+    torch.manual_seed(0)
+    start = torch.randn(1001)
+    a, b = start.clone(), start.clone()
+    float_opt, tensor_opt = Adam([a]), Adam([b])
+    tensor_opt.param_groups[0]["lr"] = torch.tensor(0.00123, dtype=torch.float64)
+    float_opt.param_groups[0]["lr"] = 0.00123
+    for _ in range(3):
+        g = torch.randn_like(start)
+        a.grad, b.grad = g.clone(), g.clone()
+        float_opt.step()
+        tensor_opt.step()
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "svi"])
+def test_the_graph_ready_step_never_reads_the_device_on_the_host(kind: str) -> None:
+    """On the meta device a host read (``.item()``, ``bool(t)``) raises, as it would
+    break a CUDA graph capture: several steps, the optimizer and the sums included."""
+    meta = torch.device("meta")
+    model = build_model("lenet5", (1, 28, 28), 10, {}).to(meta)
+    if kind == "sgd":
+        trained, step = model, sgd_step
+        optimizer = SGD(list(model.parameters()), momentum=0.9, weight_decay=5e-4)
+    else:
+        trained = MeanFieldVI(model, sigma_init=0.01)
+        step = svi_step(100)
+        optimizer = SGD([trained.mu, trained.rho], momentum=0.9)
+    graph = GraphStep(trained, optimizer, step, StepContext(), meta)
+    graph.new_epoch()
+    x = torch.empty(8, 1, 28, 28, device=meta)
+    y = torch.empty(8, dtype=torch.long, device=meta)
+    for i in range(3):
+        graph(x, y, 0.01 * (i + 1))
+    assert graph.loss_sum.device == meta and graph.correct.dtype == torch.int64

@@ -1,9 +1,10 @@
 """`make gpu-check`: what only a CUDA GPU can show, part by part, into one JSON file.
 
-Two invocations, each within its budget (default 480 s: 8 minutes on one H100):
+Three invocations, each within its budget (default 480 s: 8 minutes on one H100):
 
     python scripts/gpu_check.py --out gpu-check.json             # the in-process parts
     python scripts/gpu_check.py --pipeline --out gpu-check.json  # dvc repro, toy sizes
+    python scripts/gpu_check.py --speed --out gpu-check.json     # eager/compiled/graphs
 
 Every part runs in a child process of its own with its own time box (``PARTS`` below,
 cheapest first). After each, its result is written into ``--out`` (rewritten whole: it is
@@ -148,12 +149,34 @@ PARTS: tuple[Part, ...] = (
     Part("throughput.preresnet20", 75, _throughput("preresnet20"), "images/s, 3 loops"),
     Part("throughput.wideresnet28x10", 120, _throughput("wideresnet28x10"), "images/s"),
 )
+
+
+def _speed(model: str) -> Any:
+    """The speed part of ``model``, imported in the child only."""
+
+    def run(ctx: Context) -> dict[str, Any]:
+        from gpu_check_speed import speed
+
+        return speed(model, ctx)
+
+    return run
+
+
+# The step variants (issue 27: eager, compiled, graph-captured, both), a third invocation:
+# compiling PreResNet-164 alone may take minutes. Not yet run on a GPU: the boxes are
+# guesses, and a part killed at its box keeps the rounds it reported.
+SPEED_PARTS: tuple[Part, ...] = (
+    Part("environment", 30, environment, "versions, GPU, driver, packages"),
+    Part("speed.preresnet20", 110, _speed("preresnet20"), "4 step variants"),
+    Part("speed.wideresnet28x10", 140, _speed("wideresnet28x10"), "4 step variants"),
+    Part("speed.preresnet164", 190, _speed("preresnet164"), "4 + reference, projection"),
+)
 PIPELINE_PARTS: tuple[Part, ...] = (
     Part("pipeline", 470, _lazy("gpu_check_pipeline", "pipeline"), "dvc repro, toy sizes"),
 )
 
 
-def part_table(pipeline: bool) -> tuple[Part, ...]:
+def part_table(pipeline: bool, speed: bool = False) -> tuple[Part, ...]:
     """The parts of one invocation (tests: those of the file named by ``$GPU_CHECK_TEST_PARTS``)."""
     fake = os.environ.get(TEST_PARTS)
     if fake:
@@ -164,11 +187,12 @@ def part_table(pipeline: bool) -> tuple[Part, ...]:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return tuple(module.PARTS)
-    return PIPELINE_PARTS if pipeline else PARTS
+    return PIPELINE_PARTS if pipeline else SPEED_PARTS if speed else PARTS
 
 
 def _table_help() -> str:
-    rows = [f"  {p.name:<28} {p.box_s:>4.0f} s  {p.what}" for p in (*PARTS, *PIPELINE_PARTS)]
+    every = (*PARTS, *SPEED_PARTS[1:], *PIPELINE_PARTS)
+    rows = [f"  {p.name:<28} {p.box_s:>4.0f} s  {p.what}" for p in every]
     return "parts, in order, with their time boxes:\n" + "\n".join(rows)
 
 
@@ -206,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="toy sizes (a smoke run)")
     parser.add_argument("--out", default="gpu-check.json", help="the JSON file (merged into)")
     parser.add_argument("--pipeline", action="store_true", help="the dvc repro part alone")
+    parser.add_argument("--speed", action="store_true", help="the step variants' parts")
     parser.add_argument("--parts", help="comma-separated names (environment always runs)")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help="seconds, all parts")
     parser.add_argument(
@@ -220,11 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a time limit around this script) as an exception: the running part's
     # process group is killed on the way out (gpu_check_runner._wait)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.speed and args.pipeline:
+        parser.error("--speed and --pipeline are separate invocations")
     if args.targets is not None and not args.pipeline:
         parser.error("--targets is for --pipeline")
     if args.targets is not None:
         os.environ[TARGETS] = args.targets  # the pipeline part's child reads it
-    table = part_table(args.pipeline)
+    table = part_table(args.pipeline, args.speed)
     if args.run_part:
         _child(args, table)
     parts = list(table)
@@ -237,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     argv_child = [sys.executable, str(Path(__file__).resolve()), "--device", args.device]
-    argv_child += ["--quick"] * args.quick + ["--pipeline"] * args.pipeline
+    argv_child += (
+        ["--quick"] * args.quick + ["--pipeline"] * args.pipeline + ["--speed"] * args.speed
+    )
     invocation = {
         "argv": sys.argv[1:] if argv is None else argv,
         "budget_s": args.budget,

@@ -66,7 +66,7 @@ class Size:
             cifar_train=2048,
             cifar_batch=128,
             batch_size=128,
-            batches=(("preresnet20", 50), ("wideresnet28x10", 30)),
+            batches=(("preresnet20", 50), ("preresnet164", 20), ("wideresnet28x10", 30)),
             rounds=5,
             workers=4,  # the reference's run_swag.py default
             max_rank=20,
@@ -88,7 +88,7 @@ class Size:
             cifar_train=64,
             cifar_batch=32,
             batch_size=2,  # WRN-28x10: ~30 GFLOP an image for a training step
-            batches=(("preresnet20", 4), ("wideresnet28x10", 1)),
+            batches=(("preresnet20", 4), ("preresnet164", 1), ("wideresnet28x10", 1)),
             rounds=1,
             workers=0,
             max_rank=2,  # WRN-28x10's 36.5M weights x 20 would be 2.9 GB on the CPU

@@ -46,11 +46,17 @@ from bayesavg.config import Trajectory
 from bayesavg.models import build_model
 from bayesavg.training.augment import Augment, apply, draw_epoch
 from bayesavg.training.batches import TrainData, batches_per_epoch
+from bayesavg.training.compiled import CompiledStep
+from bayesavg.training.graphs import GraphStep
 from bayesavg.training.precision import Precision
 from bayesavg.training.train import Compute, StepContext, train
 from bayesavg.trajectories import gradient
 
-MODELS = {"preresnet20": ("preresnet", {"depth": 20}), "wideresnet28x10": ("wideresnet28x10", {})}
+MODELS = {
+    "preresnet20": ("preresnet", {"depth": 20}),
+    "preresnet164": ("preresnet", {"depth": 164}),
+    "wideresnet28x10": ("wideresnet28x10", {}),
+}
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 0.0003
 Epoch = Callable[[], None]
 
@@ -70,12 +76,23 @@ def _modes(deterministic: bool, benchmark: bool) -> Iterator[None]:
         torch.backends.cudnn.benchmark = before[1]
 
 
-def _ours(model_name: str, device: torch.device, prec: Precision, x, y, size: Size) -> Epoch:
+def _ours(
+    model_name: str,
+    device: torch.device,
+    prec: Precision,
+    x,
+    y,
+    size: Size,
+    compile: bool = False,
+    graphs: bool = False,
+) -> Epoch:
     """One epoch of ``bayesavg.training.train.train`` with a SWAG trajectory's plan
     (``gradient.plan``: its step, optimizer and SWAG collector, snapshots timed by
     ``Trajectory.collects_after``), the data on the device as uint8, crop + flip on the
     device, channels-last and autocast on CUDA. ``run_plan`` is not called: it adds a
-    validation pass per epoch, work the bare loop does not do (see benchmarks/README.md)."""
+    validation pass per epoch, work the bare loop does not do (see benchmarks/README.md).
+    ``compile``: the step through ``torch.compile``; ``graphs``: the graph-ready step,
+    captured on CUDA; both made once, so the warm-up epoch compiles and captures."""
     name, kwargs = MODELS[model_name]
     augment = Augment(4, True)
     compute = Compute(device, prec, device.type == "cuda", augment=augment)
@@ -102,6 +119,12 @@ def _ours(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
         if traj.collects_after(i, per_epoch):
             collect()
 
+    compiled = CompiledStep(model) if compile else None
+    graph: GraphStep | bool = False
+    if graphs:
+        stepper = compiled.view if compiled is not None else model
+        graph = GraphStep(stepper, plan.optimizer, plan.step, ctx, device)
+
     def epoch() -> None:
         train(
             model,
@@ -116,6 +139,8 @@ def _ours(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
             log_epochs=False,
             ctx=ctx,
             augment_seed=next(epochs),
+            compiled=compiled,
+            graphs=graph,
         )
 
     return epoch
@@ -195,8 +220,8 @@ def _reference(model_name: str, device: torch.device, x, y, size: Size) -> Epoch
     from PIL import Image
 
     models = swag.models
-    if model_name == "preresnet20":
-        base, args, kwargs = models.preresnet.PreResNet, [], {"depth": 20}
+    if model_name.startswith("preresnet"):
+        base, args, kwargs = models.preresnet.PreResNet, [], MODELS[model_name][1]
         transform = models.PreResNet56.transform_train  # the same for every depth
     else:
         cfg = models.WideResNet28x10
@@ -287,8 +312,26 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
         "channels_last": device.type == "cuda",
         "deterministic_algorithms": DETERMINISTIC,
         "loader_workers_reference": size.workers,
-        "peak_mib": {},
     }
+    return measure(builders, DETERMINISTIC, head, len(y), ctx, _summary)
+
+
+Summary = Callable[[dict[str, Any], int, dict[str, list[float]]], dict[str, Any]]
+
+
+def measure(
+    builders: dict[str, Callable[[], Epoch | str]],
+    deterministic: dict[str, bool],
+    head: dict[str, Any],
+    n: int,
+    ctx: Context,
+    summary: Summary,
+) -> dict[str, Any]:
+    """Build each variant and run its warm-up epoch (its peak memory, and its
+    compilation where it compiles: ``warm_up_s``), then time rounds of one epoch of
+    each, the order rotated; ``summary(head, n, seconds)`` is reported after each."""
+    device = torch.device(ctx.device)
+    head = dict(head, peak_mib={}, warm_up_s={})
     skipped: dict[str, str] = {}
     failed: dict[str, dict[str, str]] = {}
     runs: dict[str, Epoch] = {}
@@ -296,16 +339,12 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
 
     def report() -> dict[str, Any]:
         extra = {"skipped": skipped} if skipped else {}
-        found = {
-            **_summary(head, len(y), seconds),
-            **extra,
-            **({"failed": failed} if failed else {}),
-        }
+        found = {**summary(head, n, seconds), **extra, **({"failed": failed} if failed else {})}
         ctx.report(found)
         return found
 
     for name, build in builders.items():  # build, then a warm-up epoch: its own footprint
-        det = DETERMINISTIC[name]
+        det = deterministic[name]
         try:
             with _modes(det, not det):
                 resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
@@ -314,7 +353,7 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
                 if isinstance(fn, str):
                     skipped[name] = fn
                     continue
-                timed(fn, device)
+                head["warm_up_s"][name] = round(timed(fn, device), 2)
                 found = peak_mib(device)
                 head["peak_mib"][name] = (
                     None if found is None else round(found - resident / 2**20, 1)
@@ -323,9 +362,9 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
         except Exception as err:  # this variant's error; the others still run
             failed[name] = _error(err)
         report()
-    for r in paced(size.rounds, ctx.left):
+    for r in paced(Size.of(ctx).rounds, ctx.left):
         for name in rotation(list(runs), r):
-            det = DETERMINISTIC[name]
+            det = deterministic[name]
             try:
                 with _modes(det, not det):
                     seconds[name].append(timed(runs[name], device))

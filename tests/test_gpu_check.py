@@ -446,3 +446,36 @@ def test_the_pipeline_part_times_each_stage_and_reads_the_metrics(
     assert found["ok"] is True and list(found["stage_seconds"]) == ["second"], found
     assert found["test"] == {n: {"accuracy": 0.5, "nll": 1.5} for n in ("swa", "swag")}
     assert json.loads(ctx.result_path.read_text())["result"]["running"] == "second"
+
+
+def test_the_speed_summary_and_the_protocol_projection() -> None:
+    """Speed-ups are per-round ratios to eager; the projection is the stated arithmetic."""
+    from gpu_check_speed import PROTOCOL_GOAL, _summary, protocol_hours
+
+    forward = 30 * (45_000 + 10_000) + 300 * 70_000 * 0.4 / 5
+    assert protocol_hours(1000.0) == pytest.approx((300 * 45_000 + forward / 3) / 1000 / 3600)
+    assert protocol_hours(1000.0, monitoring=False) < protocol_hours(1000.0)
+    seconds = {"eager": [2.0, 4.0], "compiled": [1.0, 1.0], "graphs": [1.0, 4.0]}
+    found = _summary("preresnet20")({}, 100, seconds)
+    assert found["over_eager"] == {"compiled": 3.0, "graphs": 1.5}
+    assert found["best"] == "compiled" and found["goal_met"] is True
+    seconds["reference_swag_code"] = [20.0, 20.0]
+    found = _summary("preresnet164")({}, 100, seconds)
+    assert "goal_met" not in found
+    hours = found["protocol_hours"]
+    assert hours["ours"] == round(protocol_hours(100.0), 2)
+    assert hours["reference_swag_code"] == round(protocol_hours(5.0, monitoring=False), 2)
+    assert found["protocol_goal_met"] is (found["protocol_reference_over_ours"] >= PROTOCOL_GOAL)
+
+
+@pytest.mark.slow
+def test_the_speed_parts_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
+    """--speed --device cpu --quick (about 30 s): eager and graph-ready steps timed."""
+    _, lines, saved = gpu_check(tmp_path / "s.json", "--speed", "--device", "cpu", "--quick")
+    names = ["environment", "speed.preresnet20", "speed.wideresnet28x10", "speed.preresnet164"]
+    assert [next(iter(line)) for line in lines] == names
+    for name in names[1:]:
+        found = saved[name]
+        assert "error" not in found and "failed" not in found, found
+        assert found["images_per_s"]["eager"] > 0 and found["over_eager"]["graphs"] > 0
+        assert "compiled" in found["skipped"]

@@ -93,6 +93,7 @@ bench: bench-install
 	python benchmarks/run.py
 	python benchmarks/pipeline.py
 	python benchmarks/dswag.py
+	python benchmarks/loop.py
 	python benchmarks/scale.py
 
 # On a CUDA machine, three invocations of at most 8 minutes each, into one JSON file

@@ -99,14 +99,15 @@ class MomentCollector:
         return var.clamp(min=1e-30).to(self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain tensors and ints only, so ``torch.load(weights_only=True)`` reads it."""
+        """Plain tensors and ints only, so ``torch.load(weights_only=True)`` reads it; each
+        a host copy made once (``.cpu().clone()`` copied CUDA tensors twice)."""
         return {
             "num_params": self.num_params,
             "max_rank": self.max_rank,
             "n_collected": self.n_collected,
-            "mean": self._mean.cpu().clone(),
-            "m2": self._m2.cpu().clone(),
-            "deviations": self.deviations.cpu().clone(),
+            "mean": self._mean.to("cpu", copy=True),
+            "m2": self._m2.to("cpu", copy=True),
+            "deviations": self.deviations.to("cpu", copy=True),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

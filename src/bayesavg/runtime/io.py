@@ -51,18 +51,19 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def save_torch(path: str | os.PathLike[str], obj: Any) -> None:
-    """torch.save, byte-identical for identical content.
+    """torch.save, byte-identical for identical content, straight into the temp file.
 
     Saving to a path names the archive's inner folder after that (random
-    temp) file; saving to a buffer does not, so reruns hash the same. torch
-    is imported here, not at the top: stages that only write JSON (validate,
-    report) would otherwise pay its ~2 s import.
+    temp) file; saving to an open file, as to a buffer, does not, so reruns
+    hash the same. No copy of the whole archive is held in memory: torch
+    writes one tensor at a time (a WideResNet's SWAG checkpoint is gigabytes).
+    torch is imported here, not at the top: stages that only write JSON
+    (validate, report) would otherwise pay its ~2 s import.
     """
     import torch
 
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    write_bytes(path, buffer.getvalue())
+    with atomic_path(path) as tmp, tmp.open("wb") as f:
+        torch.save(obj, f)
 
 
 def write_npz(path: str | os.PathLike[str], arrays: dict[str, Any]) -> None:

@@ -1,0 +1,474 @@
+"""The training loop on the CPU: compiled against eager steps, VI's step with one split of
+theta against one slice per tensor, and what monitoring costs per epoch.
+
+(a) ``compile``: one epoch of SWAG-style SGD through ``bayesavg.training.train.train``
+    (LeNet-5 on mnist5k's 3,600 training images; PreResNet-20 on 1,024 CIFAR-shaped
+    images), eager against ``compile: true``; the compilation (the warm-up, once) is
+    reported apart. Ratio: eager seconds over compiled, per round.
+(b) VI: one forward and backward of the negative ELBO (``svi_step``) at batch 64 (LeNet-5)
+    and 128 (PreResNet-20), parameters as views of one ``torch.split`` of theta (the
+    library's) against one slice of theta per parameter tensor (before issue 25: each
+    slice's backward writes a full-length gradient). Ratio: slices over split.
+(c) Monitoring: the curves' seconds per epoch (validation, the iterate's test pass, the
+    running average's BatchNorm recomputation over the training images and its test
+    pass) as a share of a training epoch's, at every 1 on every image (the default)
+    and at the CIFAR presets' every 5 on 40% (PreResNet-20 on CIFAR-shaped images at a
+    tenth of CIFAR-10's split: 4,500 training, 500 validation, 1,000 test).
+
+(d) The cross-machine pins (``BAYESAVG_NUMERICS=portable``: AVX2 on this CPU) against
+    ``native`` (the widest instructions the CPU has) per model family: milliseconds
+    per image of a training step (batch 64) and of a forward pass (batch 500, eval),
+    in child processes (the pins are read when torch loads), alternated.
+(e) When data parallelism pays on the CPU: a step of batch 32 on one process (2
+    threads) against a rank's step of half of it (1 thread) plus the all-reduce of
+    the gradient (gloo, 2 processes on this machine), per model family.
+
+Side by side in one process, rounds in rotated order (``timing.py``); nothing asserted.
+Run ``python benchmarks/loop.py [--quick]``; results go to ``benchmarks/loop.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+EPOCH_IMAGES = {"lenet5": 3600, "preresnet20": 1024}
+
+
+def _cifar(n: int, seed: int) -> Any:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen)
+    return x, torch.randint(0, 10, (n,), generator=gen)
+
+
+def _train_data(name: str, quick: bool) -> Any:
+    from common import mnist5k
+
+    from bayesavg.training.batches import TrainData
+
+    if name == "lenet5":
+        prep = mnist5k()
+        m = prep.manifest
+        n = 512 if quick else len(prep.train)
+        return TrainData(prep.train.x[:n], prep.train.y[:n], m["mean"], m["std"])
+    x, y = _cifar(128 if quick else EPOCH_IMAGES[name], 0)
+    return TrainData(x, y, [0.49, 0.48, 0.45], [0.25, 0.24, 0.26], channels_last=True)
+
+
+def _model(name: str, data: Any) -> Any:
+    import torch
+
+    from bayesavg.models import build_model
+
+    torch.manual_seed(0)
+    kwargs = {"depth": 20} if name == "preresnet20" else {}
+    model = build_model(
+        "preresnet" if name == "preresnet20" else name, data.x.shape[1:], 10, kwargs
+    )
+    return model.to(memory_format=torch.channels_last) if data.channels_last else model
+
+
+def bench_compile(name: str, rounds: int, quick: bool) -> dict[str, Any]:
+    """(a): seconds per epoch, eager and compiled, and the compilation apart."""
+    import torch
+    from timing import Outcome, interleave, ratio, ratio_fields, rounded
+
+    from bayesavg.training.compiled import CompiledStep
+    from bayesavg.training.train import sgd, train
+
+    data = _train_data(name, quick)
+    runs: dict[str, Callable[[], Outcome]] = {}
+    compile_s = 0.0
+    for variant in ("eager", "compiled"):
+        model = _model(name, data)
+        opt = sgd(model, 0.9, 5e-4)
+        compiled = CompiledStep(model) if variant == "compiled" else None
+        if compiled is not None:
+            started = time.perf_counter()
+            one = torch.Generator().manual_seed(0)
+            train(
+                model,
+                opt,
+                data,
+                epochs=1,
+                batch_size=64,
+                lr=lambda i: 0.01,
+                generator=one,
+                log_epochs=False,
+                compiled=compiled,
+            )
+            compile_s = compiled.seconds
+            print(
+                f"  {name}: compiled in {compile_s:.1f} s "
+                f"(first epoch {time.perf_counter() - started:.1f} s)"
+            )
+
+        def run(model=model, opt=opt, compiled=compiled) -> Outcome:
+            gen = torch.Generator().manual_seed(1)
+            started = time.perf_counter()
+            train(
+                model,
+                opt,
+                data,
+                epochs=1,
+                batch_size=64,
+                lr=lambda i: 0.01,
+                generator=gen,
+                log_epochs=False,
+                compiled=compiled,
+            )
+            return Outcome(time.perf_counter() - started)
+
+        run()  # warm-up (allocation, oneDNN primitives)
+        runs[variant] = run
+    seconds = interleave(runs, rounds)
+    return {
+        "images_per_epoch": len(data),
+        "compile_seconds": round(compile_s, 1),
+        **ratio_fields("eager_over_compiled", ratio(seconds["eager"], seconds["compiled"]), 3),
+        "seconds": rounded(seconds),
+    }
+
+
+class _SlicedVI:
+    """VI's forward as before issue 25: one slice of theta per parameter tensor."""
+
+    @staticmethod
+    def forward(vi: Any, x: Any, theta: Any = None, frozen_stats: bool = False) -> Any:
+        from torch.func import functional_call
+
+        vec = vi.mu if theta is None else theta
+        params, offset = {}, 0
+        for (name, shape), size in zip(vi._shapes, vi._sizes, strict=True):
+            params[name] = vec[offset : offset + size].view(shape)
+            offset += size
+        return functional_call(vi.net, params, (x,))
+
+
+def bench_vi(name: str, rounds: int, quick: bool) -> dict[str, Any]:
+    """(b): seconds per VI step, one split against per-tensor slices."""
+    import types
+
+    import torch
+    from timing import Outcome, interleave, ratio, ratio_fields, rounded
+
+    from bayesavg.posteriors import MeanFieldVI, svi_step
+
+    data = _train_data(name, quick)
+    batch = 64 if name == "lenet5" else 128
+    idx = torch.arange(min(batch, len(data)))
+    x, y = data.batch(idx)
+    step = svi_step(len(data))
+    runs: dict[str, Callable[[], Outcome]] = {}
+    steps = 5 if quick else 20
+    for variant in ("split", "slices"):
+        vi = MeanFieldVI(_model(name, data), sigma_init=0.01).train()
+        if variant == "slices":
+            vi.forward = types.MethodType(_SlicedVI.forward, vi)
+
+        def run(vi=vi) -> Outcome:
+            started = time.perf_counter()
+            for _ in range(steps):
+                vi.zero_grad(set_to_none=True)
+                step(vi, x, y)
+            return Outcome((time.perf_counter() - started) / steps)
+
+        run()
+        runs[variant] = run
+    seconds = interleave(runs, rounds)
+    return {
+        "batch_size": len(idx),
+        **ratio_fields("slices_over_split", ratio(seconds["slices"], seconds["split"]), 3),
+        "seconds_per_step": rounded(seconds, 5),
+    }
+
+
+def bench_monitoring(rounds: int, quick: bool) -> dict[str, Any]:
+    """(c): the curves' seconds as a share of a training epoch's, PreResNet-20."""
+    import torch
+    from timing import median_range
+
+    from bayesavg.training.batches import Tensors, TrainData
+    from bayesavg.training.batchnorm import update_bn
+    from bayesavg.training.monitoring import Monitoring
+    from bayesavg.training.train import loss_and_accuracy, sgd, train
+
+    scale = 8 if quick else 1
+    n_train, n_val, n_test = 4500 // scale, 500 // scale, 1000 // scale
+    (x, y), mean, std = _cifar(n_train + n_val + n_test, 2), [0.49] * 3, [0.25] * 3
+    train_data = TrainData(x[:n_train], y[:n_train], mean, std, channels_last=True)
+
+    def split(lo: int, hi: int) -> Tensors:
+        part = TrainData(x[lo:hi], y[lo:hi], mean, std, channels_last=True)
+        return Tensors(part.inputs(), y[lo:hi])
+
+    val, test = split(n_train, n_train + n_val), split(n_train + n_val, len(y))
+    model = _model("preresnet20", train_data)
+    average = copy.deepcopy(model)
+    opt = sgd(model, 0.9, 5e-4)
+
+    def curves(m: Monitoring) -> float:
+        started = time.perf_counter()
+        loss_and_accuracy(model, m.subset(val))
+        loss_and_accuracy(model, m.subset(test))
+        update_bn(average, m.inputs(train_data.inputs()))
+        loss_and_accuracy(average, m.subset(test))
+        return time.perf_counter() - started
+
+    settings = {"every_1_all": Monitoring(), "every_5_fraction_0.4": Monitoring(5, 0.4)}
+    epoch_s: list[float] = []
+    curve_s: dict[str, list[float]] = {k: [] for k in settings}
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(rounds):
+        started = time.perf_counter()
+        train(
+            model,
+            opt,
+            train_data,
+            epochs=1,
+            batch_size=128,
+            lr=lambda i: 0.01,
+            generator=gen,
+            log_epochs=False,
+        )
+        epoch_s.append(time.perf_counter() - started)
+        for key, m in settings.items():
+            curve_s[key].append(curves(m) / m.every)
+    out: dict[str, Any] = {"images": {"train": n_train, "val": n_val, "test": n_test}}
+    out["epoch_seconds"] = round(median_range(epoch_s)[0], 3)
+    for key, values in curve_s.items():
+        shares = [c / e for c, e in zip(values, epoch_s, strict=True)]
+        mid, lo, hi = median_range(shares)
+        out[f"share_of_epoch_{key}"] = round(mid, 4)
+        out[f"share_of_epoch_{key}_range"] = [round(lo, 4), round(hi, 4)]
+    return out
+
+
+FAMILIES = {
+    "lenet5": ("lenet5", (1, 28, 28), {}),
+    "preresnet20": ("preresnet", (3, 32, 32), {"depth": 20}),
+    "preresnet164": ("preresnet", (3, 32, 32), {"depth": 164}),
+    "vgg16": ("vgg16", (3, 32, 32), {}),
+}
+
+
+def pins_child(quick: bool) -> dict[str, Any]:
+    """(d), in a child: ms per image of a training step and of a forward, per family."""
+    import torch
+    from torch import nn
+
+    from bayesavg.models import build_model
+
+    out = {}
+    for family, (name, shape, kwargs) in FAMILIES.items():
+        torch.manual_seed(0)
+        model = build_model(name, shape, 10, kwargs)
+        x, y = torch.randn(64, *shape), torch.randint(0, 10, (64,))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        steps = 2 if quick else 5
+
+        def step(model=model, x=x, y=y, opt=opt) -> None:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        step()
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        train_ms = (time.perf_counter() - started) / steps / 64 * 1000
+        model.eval()
+        big = torch.randn(100 if quick else 500, *shape)
+        with torch.inference_mode():
+            model(big)
+            started = time.perf_counter()
+            model(big)
+            forward_ms = (time.perf_counter() - started) / len(big) * 1000
+        out[family] = {"train_ms": train_ms, "forward_ms": forward_ms}
+    return out
+
+
+def bench_pins(rounds: int, quick: bool) -> dict[str, Any]:
+    """(d): child processes, portable and native alternated; medians per family."""
+    import json
+    import os
+    import statistics
+    import subprocess
+    import sys
+
+    from bayesavg.runtime import numerics
+
+    seen: dict[str, list[dict[str, Any]]] = {"portable": [], "native": []}
+    for r in range(rounds):
+        for mode in ("portable", "native") if r % 2 == 0 else ("native", "portable"):
+            env = dict(os.environ, BAYESAVG_NUMERICS=mode)
+            for var in numerics.ISA_PINS:
+                env.pop(var, None)  # this process's own pins; the child sets its mode's
+            argv = [sys.executable, __file__, "--pins-child", *(["--quick"] * quick)]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+            seen[mode].append(json.loads(done.stdout.splitlines()[-1]))
+    out: dict[str, Any] = {}
+    for family in FAMILIES:
+        row = {}
+        for what in ("train_ms", "forward_ms"):
+            portable = [r[family][what] for r in seen["portable"]]
+            native = [r[family][what] for r in seen["native"]]
+            row[f"{what}_portable"] = round(statistics.median(portable), 4)
+            row[f"{what}_native"] = round(statistics.median(native), 4)
+            ratios = [a / b for a, b in zip(portable, native, strict=True)]
+            row[f"{what}_portable_over_native"] = round(statistics.median(ratios), 3)
+        out[family] = row
+    return out
+
+
+def _allreduce_rank(rank: int, sizes: dict[str, int], port: int, rounds: int, out: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    found = {}
+    for family, d in sizes.items():
+        flat = torch.ones(d)
+        dist.all_reduce(flat)
+        seconds = []
+        for _ in range(rounds):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(flat)
+            seconds.append(time.perf_counter() - started)
+        found[family] = sorted(seconds)[len(seconds) // 2]
+    if rank == 0:
+        out.update(found)
+    dist.destroy_process_group()
+
+
+def _step_ms(family: str, batch: int, threads: int, steps: int) -> float:
+    import torch
+    from torch import nn
+
+    from bayesavg.models import build_model
+
+    name, shape, kwargs = FAMILIES[family]
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10, kwargs)
+    x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seconds = []
+    for _ in range(steps + 1):
+        started = time.perf_counter()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        seconds.append(time.perf_counter() - started)
+    return sorted(seconds[1:])[steps // 2] * 1000
+
+
+def bench_data_parallel(quick: bool) -> dict[str, Any]:
+    """(e): one process's step against half a step at one thread plus the all-reduce."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    from bayesavg.models import build_model
+
+    families = ["lenet5", "preresnet20"] + ([] if quick else ["preresnet164", "vgg16"])
+    sizes = {}
+    for family in families:
+        name, shape, kwargs = FAMILIES[family]
+        sizes[family] = sum(p.numel() for p in build_model(name, shape, 10, kwargs).parameters())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    found = mp.Manager().dict()
+    mp.spawn(_allreduce_rank, (sizes, port, 5 if quick else 20, found), nprocs=2)
+    threads = torch.get_num_threads()
+    steps = 3 if quick else 10
+    out = {}
+    for family in families:
+        one = _step_ms(family, 32, 2, steps)
+        half = _step_ms(family, 16, 1, steps)
+        reduce_ms = found[family] * 1000
+        out[family] = {
+            "parameters": sizes[family],
+            "step_ms_1_process_2_threads": round(one, 2),
+            "step_ms_half_batch_1_thread": round(half, 2),
+            "allreduce_ms_2_processes": round(reduce_ms, 2),
+            "two_over_one": round((half + reduce_ms) / one, 3),
+        }
+    torch.set_num_threads(threads)
+    return out
+
+
+def main() -> None:
+    from bayesavg.runtime import numerics
+
+    numerics.pin()  # as every entry point: threads and instruction set before torch
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument("--out", type=Path, default=HERE / "loop.json")
+    parser.add_argument("--pins-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import torch
+
+    if args.pins_child:
+        import json
+
+        torch.set_num_threads(numerics.threads())
+        print(json.dumps(pins_child(args.quick)))
+        return
+    from timing import finish, machine_info, write_results
+
+    torch.set_num_threads(numerics.threads())
+    rounds = 2 if args.quick else 5
+    started = time.perf_counter()
+    results: dict[str, Any] = {"machine": machine_info(torch.device("cpu"), False)}
+    results["mode"] = "quick" if args.quick else "full"
+    results["compile"] = {m: bench_compile(m, rounds, args.quick) for m in EPOCH_IMAGES}
+    results["vi_step"] = {m: bench_vi(m, rounds, args.quick) for m in EPOCH_IMAGES}
+    results["monitoring"] = bench_monitoring(rounds, args.quick)
+    results["pins"] = bench_pins(rounds, args.quick)
+    results["data_parallel"] = bench_data_parallel(args.quick)
+    wall = finish(results, started)
+    write_results(args.out, results)
+    print(f"\ntraining loop on the CPU ({results['mode']}, {wall:.0f} s):")
+    for m, r in results["compile"].items():
+        print(
+            f"  compile {m}: eager/compiled {r['eager_over_compiled']} "
+            f"{r['eager_over_compiled_range']}, compilation {r['compile_seconds']} s"
+        )
+    for m, r in results["vi_step"].items():
+        print(
+            f"  VI step {m}: slices/split {r['slices_over_split']} {r['slices_over_split_range']}"
+        )
+    mon = results["monitoring"]
+    print(
+        f"  monitoring per epoch (PreResNet-20): every 1 on all "
+        f"{mon['share_of_epoch_every_1_all']:.1%}, every 5 on 40% "
+        f"{mon['share_of_epoch_every_5_fraction_0.4']:.1%} (goal < 5%)"
+    )
+    for family, r in results["pins"].items():
+        print(
+            f"  pins {family}: training step {r['train_ms_portable_over_native']}x, "
+            f"forward {r['forward_ms_portable_over_native']}x (portable over native)"
+        )
+    for family, r in results["data_parallel"].items():
+        print(
+            f"  data parallel {family}: 2 processes / 1 = {r['two_over_one']} (step "
+            f"{r['step_ms_1_process_2_threads']} ms; half step {r['step_ms_half_batch_1_thread']}"
+            f" ms + all-reduce {r['allreduce_ms_2_processes']} ms)"
+        )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

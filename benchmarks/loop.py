@@ -12,7 +12,7 @@ theta against one slice per tensor, and what monitoring costs per epoch.
 (c) Monitoring: the curves' seconds per epoch (validation, the iterate's test pass, the
     running average's BatchNorm recomputation over the training images and its test
     pass) as a share of a training epoch's, at every 1 on every image (the default)
-    and at the CIFAR presets' every 5 on 40% (PreResNet-20 on CIFAR-shaped images at a
+    and at the CIFAR presets' ``monitor`` (PreResNet-20 on CIFAR-shaped images at a
     tenth of CIFAR-10's split: 4,500 training, 500 validation, 1,000 test).
 
 (d) The cross-machine pins (``BAYESAVG_NUMERICS=portable``: AVX2 on this CPU) against
@@ -24,7 +24,8 @@ theta against one slice per tensor, and what monitoring costs per epoch.
     the gradient (gloo, 2 processes on this machine), per model family.
 
 Side by side in one process, rounds in rotated order (``timing.py``); nothing asserted.
-Run ``python benchmarks/loop.py [--quick]``; results go to ``benchmarks/loop.json``.
+Run ``python benchmarks/loop.py [--quick]`` (about 20 minutes on 2 cores, 2 quick); results
+go to ``benchmarks/loop.json``.
 """
 
 from __future__ import annotations
@@ -86,45 +87,34 @@ def bench_compile(name: str, rounds: int, quick: bool) -> dict[str, Any]:
     data = _train_data(name, quick)
     runs: dict[str, Callable[[], Outcome]] = {}
     compile_s = 0.0
+
+    def epoch(model: Any, opt: Any, compiled: Any, seed: int) -> float:
+        started = time.perf_counter()
+        gen = torch.Generator().manual_seed(seed)
+        train(
+            model,
+            opt,
+            data,
+            epochs=1,
+            batch_size=64,
+            lr=lambda i: 0.01,
+            generator=gen,
+            log_epochs=False,
+            compiled=compiled,
+        )
+        return time.perf_counter() - started
+
     for variant in ("eager", "compiled"):
         model = _model(name, data)
         opt = sgd(model, 0.9, 5e-4)
         compiled = CompiledStep(model) if variant == "compiled" else None
         if compiled is not None:
-            started = time.perf_counter()
-            one = torch.Generator().manual_seed(0)
-            train(
-                model,
-                opt,
-                data,
-                epochs=1,
-                batch_size=64,
-                lr=lambda i: 0.01,
-                generator=one,
-                log_epochs=False,
-                compiled=compiled,
-            )
+            first = epoch(model, opt, compiled, 0)
             compile_s = compiled.seconds
-            print(
-                f"  {name}: compiled in {compile_s:.1f} s "
-                f"(first epoch {time.perf_counter() - started:.1f} s)"
-            )
+            print(f"  {name}: compiled in {compile_s:.1f} s (first epoch {first:.1f} s)")
 
         def run(model=model, opt=opt, compiled=compiled) -> Outcome:
-            gen = torch.Generator().manual_seed(1)
-            started = time.perf_counter()
-            train(
-                model,
-                opt,
-                data,
-                epochs=1,
-                batch_size=64,
-                lr=lambda i: 0.01,
-                generator=gen,
-                log_epochs=False,
-                compiled=compiled,
-            )
-            return Outcome(time.perf_counter() - started)
+            return Outcome(epoch(model, opt, compiled, 1))
 
         run()  # warm-up (allocation, oneDNN primitives)
         runs[variant] = run
@@ -193,6 +183,7 @@ def bench_vi(name: str, rounds: int, quick: bool) -> dict[str, Any]:
 def bench_monitoring(rounds: int, quick: bool) -> dict[str, Any]:
     """(c): the curves' seconds as a share of a training epoch's, PreResNet-20."""
     import torch
+    import yaml
     from timing import median_range
 
     from bayesavg.training.batches import Tensors, TrainData
@@ -222,7 +213,9 @@ def bench_monitoring(rounds: int, quick: bool) -> dict[str, Any]:
         loss_and_accuracy(average, m.subset(test))
         return time.perf_counter() - started
 
-    settings = {"every_1_all": Monitoring(), "every_5_fraction_0.4": Monitoring(5, 0.4)}
+    preset = yaml.safe_load((HERE.parent / "presets" / "cifar10.yaml").read_text())["monitor"]
+    every, fraction = preset["every"], preset["fraction"]
+    settings = {"every_1_all": Monitoring(), "preset": Monitoring(every, fraction)}
     epoch_s: list[float] = []
     curve_s: dict[str, list[float]] = {k: [] for k in settings}
     gen = torch.Generator().manual_seed(0)
@@ -242,6 +235,7 @@ def bench_monitoring(rounds: int, quick: bool) -> dict[str, Any]:
         for key, m in settings.items():
             curve_s[key].append(curves(m) / m.every)
     out: dict[str, Any] = {"images": {"train": n_train, "val": n_val, "test": n_test}}
+    out["preset"] = {"every": every, "fraction": fraction}
     out["epoch_seconds"] = round(median_range(epoch_s)[0], 3)
     for key, values in curve_s.items():
         shares = [c / e for c, e in zip(values, epoch_s, strict=True)]
@@ -453,8 +447,9 @@ def main() -> None:
     mon = results["monitoring"]
     print(
         f"  monitoring per epoch (PreResNet-20): every 1 on all "
-        f"{mon['share_of_epoch_every_1_all']:.1%}, every 5 on 40% "
-        f"{mon['share_of_epoch_every_5_fraction_0.4']:.1%} (goal < 5%)"
+        f"{mon['share_of_epoch_every_1_all']:.1%}, the CIFAR presets' (every "
+        f"{mon['preset']['every']} on {mon['preset']['fraction']:.0%}) "
+        f"{mon['share_of_epoch_preset']:.1%} (goal < 5%)"
     )
     for family, r in results["pins"].items():
         print(

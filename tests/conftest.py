@@ -58,6 +58,22 @@ def mnist5k_prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedDir:
     return PreparedDir(out, prepared)
 
 
+@pytest.fixture(scope="session")
+def short_starts(mnist5k_prepared: PreparedDir) -> dict[str, PosteriorFile]:
+    """The starts of the short runs of every trajectory kind (``pipeline_repo``'s
+    ``small_params(epochs=2, pretrain_epochs=1, members=2)``): its two pretrained
+    members, and the vi trajectory hwa continues from."""
+    from pipeline_repo import small_params
+
+    from bayesavg.config import parse_params
+    from bayesavg.trajectories import finetune, pretrain_members
+
+    params = parse_params(small_params(epochs=2, pretrain_epochs=1, members=2))
+    prepared, cpu = mnist5k_prepared.prepared, torch.device("cpu")
+    pre = pretrain_members(params, prepared, cpu).posterior
+    return {"pretrain": pre, "vi": finetune(params, "vi", prepared, pre, cpu).posterior}
+
+
 def _train_tiny_mlp(prepared: Prepared) -> nn.Module:
     """A few SGD epochs: enough for clearly better-than-chance accuracy in well under 1 s."""
     with torch.random.fork_rng():

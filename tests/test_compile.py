@@ -41,16 +41,6 @@ def _params(compile: bool) -> Any:
     return parse_params(raw)
 
 
-@pytest.fixture(scope="module")
-def starts(mnist5k_prepared: Any) -> dict[str, PosteriorFile]:
-    prepared = mnist5k_prepared.prepared
-    eager = _params(False)
-    from bayesavg.trajectories import pretrain_members
-
-    pre = pretrain_members(eager, prepared, CPU).posterior
-    return {"pretrain": pre, "vi": finetune(eager, "vi", prepared, pre, CPU).posterior}
-
-
 def _bytes(result: RunResult, tmp_path: Path) -> bytes:
     save_posterior(tmp_path / "p.pt", result.posterior)
     return (tmp_path / "p.pt").read_bytes()
@@ -66,11 +56,11 @@ def _run(name: str, compile: bool, starts: dict[str, PosteriorFile], prepared: A
     "name", [k if i < 2 else pytest.param(k, marks=pytest.mark.slow) for i, k in enumerate(KINDS)]
 )
 def test_compiled_and_eager_agree_on_a_short_run(
-    name: str, starts: dict[str, PosteriorFile], mnist5k_prepared: Any
+    name: str, short_starts: dict[str, PosteriorFile], mnist5k_prepared: Any
 ) -> None:
     prepared = mnist5k_prepared.prepared
-    eager = _run(name, False, starts, prepared)
-    compiled = _run(name, True, starts, prepared)
+    eager = _run(name, False, short_starts, prepared)
+    compiled = _run(name, True, short_starts, prepared)
     gap = (compiled.posterior.theta - eager.posterior.theta).abs().max().item()
     assert gap <= THETA, f"{name}: weights {gap:.3g} apart"
     e, c = eager.history[-1]["train_loss"], compiled.history[-1]["train_loss"]
@@ -82,17 +72,17 @@ def test_compiled_and_eager_agree_on_a_short_run(
 
 @pytest.mark.parametrize("name", ["swag", "vi"])
 def test_a_compiled_run_is_bitwise_itself_on_rerun_and_on_resume(
-    name: str, starts: dict[str, PosteriorFile], mnist5k_prepared: Any, tmp_path: Path
+    name: str, short_starts: dict[str, PosteriorFile], mnist5k_prepared: Any, tmp_path: Path
 ) -> None:
     prepared = mnist5k_prepared.prepared
-    whole = _bytes(_run(name, True, starts, prepared), tmp_path)
-    assert _bytes(_run(name, True, starts, prepared), tmp_path) == whole
+    whole = _bytes(_run(name, True, short_starts, prepared), tmp_path)
+    assert _bytes(_run(name, True, short_starts, prepared), tmp_path) == whole
     path = tmp_path / "ckpt.pt"
     with pytest.raises(Interrupted):
-        _run(name, True, starts, prepared, resume=StopAfterSaves(path, 1))
+        _run(name, True, short_starts, prepared, resume=StopAfterSaves(path, 1))
     again = Checkpoint(path, key="k", every=1)
     assert again.load() is not None
-    assert _bytes(_run(name, True, starts, prepared, resume=again), tmp_path) == whole
+    assert _bytes(_run(name, True, short_starts, prepared, resume=again), tmp_path) == whole
 
 
 def test_a_trajectory_can_compile_alone(mnist5k_prepared: Any) -> None:

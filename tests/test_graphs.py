@@ -23,7 +23,7 @@ from bayesavg.posteriors.file import PosteriorFile, save_posterior
 from bayesavg.training.graphs import GraphStep, unsupported
 from bayesavg.training.optim import SGD, Adam
 from bayesavg.training.train import StepContext, sgd_step
-from bayesavg.trajectories import finetune, pretrain_members
+from bayesavg.trajectories import finetune
 
 CPU = torch.device("cpu")
 
@@ -34,14 +34,6 @@ def _params(graphs: bool) -> Any:
     return parse_params(raw)
 
 
-@pytest.fixture(scope="module")
-def starts(mnist5k_prepared: Any) -> dict[str, PosteriorFile]:
-    prepared = mnist5k_prepared.prepared
-    params = _params(False)
-    pre = pretrain_members(params, prepared, CPU).posterior
-    return {"pretrain": pre, "vi": finetune(params, "vi", prepared, pre, CPU).posterior}
-
-
 def _bytes(posterior: PosteriorFile, path: Path) -> bytes:
     save_posterior(path, posterior)
     return path.read_bytes()
@@ -50,7 +42,7 @@ def _bytes(posterior: PosteriorFile, path: Path) -> bytes:
 @pytest.mark.parametrize("name", ["sgd", "swag", "vi", "hwa", "mc_dropout", "ensemble", "fswag"])
 def test_the_graph_ready_step_gives_the_bytes_of_todays_step(
     name: str,
-    starts: dict[str, PosteriorFile],
+    short_starts: dict[str, PosteriorFile],
     mnist5k_prepared: Any,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -60,7 +52,7 @@ def test_the_graph_ready_step_gives_the_bytes_of_todays_step(
     results = {}
     for graphs in (False, True):
         params = _params(graphs)
-        start = starts[params.finetune[name].start]
+        start = short_starts[params.finetune[name].start]
         with caplog.at_level(logging.WARNING):
             results[graphs] = finetune(params, name, prepared, start, CPU)
     plain, graphed = (_bytes(results[g].posterior, tmp_path / f"{g}.pt") for g in (False, True))

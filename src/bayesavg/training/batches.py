@@ -40,7 +40,7 @@ class TrainData:
     """The training split on the device as uint8, normalised (and augmented) per batch.
 
     Normalising a batch applies the same elementwise operations as
-    ``data.to_input`` does to the whole split, so without augmentation a
+    ``data.prepared.to_input`` does to the whole split, so without augmentation a
     batch is bitwise the pre-normalised one, at a quarter of the memory.
     """
 

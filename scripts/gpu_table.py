@@ -84,6 +84,36 @@ def _pipeline(found: dict[str, Any]) -> str:
     return "; ".join(cells)
 
 
+SPEED = {
+    "preresnet20": (">= 2x", "PreResNet-20"),
+    "wideresnet28x10": (">= 1.2x", "WideResNet-28x10"),
+}
+SPEED["preresnet164"] = ("", "PreResNet-164")
+
+
+def _speed(found: dict[str, Any], model: str) -> str:
+    part = found.get(f"speed.{model}")
+    if part is None:
+        return "not run yet (`--speed`)"
+    ups = part.get("over_eager", {})
+    if not ups:
+        return f"failed: {part.get('error', 'no variant timed').split(':')[0]}"
+    cells = [f"{name} {up:.2f}x" for name, up in sorted(ups.items(), key=lambda kv: -kv[1])]
+    met = f" ({_met(part['goal_met'])})" if "goal_met" in part else ""
+    return f"{'; '.join(cells)}{met}; eager {part['images_per_s']['eager']:.0f} img/s"
+
+
+def _protocol(found: dict[str, Any]) -> str:
+    part = found.get("speed.preresnet164", {})
+    if "protocol_hours" not in part:
+        return "not run yet (`--speed`)"
+    hours = part["protocol_hours"]
+    return (
+        f"{part['protocol_reference_over_ours']:.1f}x ({_met(part['protocol_goal_met'])}): "
+        f"{hours['ours']:.1f} h vs {hours['reference_swag_code']:.1f} h"
+    )
+
+
 def _peaks(found: dict[str, Any]) -> str:
     peaks = found["peak_memory_mib"]
     cells = []
@@ -126,6 +156,11 @@ ROWS = (
         )
         for m, name in MODELS.items()
     ),
+    *(
+        (f"SWAG fine-tuning {name}, step variants / eager, bf16", goal, lambda f, m=m: _speed(f, m))
+        for m, (goal, name) in SPEED.items()
+    ),
+    ("CIFAR-10 preset's SWAG protocol (PreResNet-164), reference / ours", ">= 5x", _protocol),
     (
         "30-sample SWAG evaluation / 30 x (BN pass + forward)",
         "<= 1.10x",

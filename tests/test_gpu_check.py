@@ -479,3 +479,25 @@ def test_the_speed_parts_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
         assert "error" not in found and "failed" not in found, found
         assert found["images_per_s"]["eager"] > 0 and found["over_eager"]["graphs"] > 0
         assert "compiled" in found["skipped"]
+
+
+def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
+    from gpu_table import _protocol, _speed
+
+    assert _speed({}, "preresnet20") == "not run yet (`--speed`)"
+    part = {
+        "over_eager": {"compiled": 1.5, "graphs": 2.5, "compiled_graphs": 3.0},
+        "goal_met": True,
+        "images_per_s": {"eager": 1000.0},
+        "protocol_hours": {"ours": 2.0, "reference_swag_code": 12.5},
+        "protocol_reference_over_ours": 6.25,
+        "protocol_goal_met": True,
+    }
+    found = {"speed.preresnet20": part, "speed.preresnet164": part}
+    assert _speed(found, "preresnet20") == (
+        "compiled_graphs 3.00x; graphs 2.50x; compiled 1.50x (met); eager 1000 img/s"
+    )
+    assert _protocol(found) == "6.2x (met): 2.0 h vs 12.5 h"
+    assert _speed({"speed.preresnet20": {"error": "OutOfMemoryError: x"}}, "preresnet20") == (
+        "failed: OutOfMemoryError"
+    )

@@ -72,8 +72,8 @@ preset: install
 	$(MAKE) run
 
 lint: install
-	ruff check src stages tests benchmarks scripts
-	ruff format --check src stages tests benchmarks scripts
+	ruff check src stages tests benchmarks scripts networks
+	ruff format --check src stages tests benchmarks scripts networks
 
 test: lint
 	pytest

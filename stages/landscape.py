@@ -316,6 +316,10 @@ def run() -> None:
             folder = f"plane/{name}" if kind == "plane" else f"landscape/{kind}/{name}"
             for file in files:
                 mlrun.log_artifact(file, folder)
+    # A kind with nothing listed (plane: trajectories: []) leaves its outputs DVC expects
+    # as empty folders.
+    for out in (PLOTS, METRICS, PLANES):
+        out.mkdir(parents=True, exist_ok=True)
 
 
 if __name__ == "__main__":

@@ -40,11 +40,19 @@ def sh(
 
 
 def make_repo(repo: Path, params: dict[str, Any]) -> Path:
-    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced."""
+    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced
+    (``model.code`` and ``model.weights`` filled in where a test's model section
+    leaves them out: dvc.yaml reads them)."""
+    model = params.setdefault("model", {})
+    model.setdefault("code", "networks")
+    model.setdefault("weights", None)
     shutil.copy(ROOT / "dvc.yaml", repo)
     shutil.copy(ROOT / ".gitignore", repo)
     shutil.copytree(ROOT / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "networks", repo / "networks", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     sh(repo, "git", "init", "-q")
     sh(repo, DVC, "init", "-q")

@@ -65,7 +65,7 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("data.dataset", "imagenet", "data.dataset: unknown 'imagenet'"),
         ("data.val_fraction", 1.5, "data.val_fraction: Input should be less than 1"),
         ("data.test_fraction", "0.2", "data.test_fraction: Input should be a valid number"),
-        ("model.name", "resnet50", "model.name: Input should be 'mlp', 'lenet5'"),
+        ("model.name", "resnet50", "model.name: unknown model 'resnet50'; choose one of mlp"),
         ("pretrain.epochs", 0, "pretrain.epochs: Input should be greater than or equal to 1"),
         ("pretrain.schedule.kind", "step", "pretrain.schedule.kind: Input should be"),
         ("pretrain.schedule.lr", float("nan"), "pretrain.schedule.lr"),

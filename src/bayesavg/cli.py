@@ -111,7 +111,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     posterior = load_posterior(args.posterior)
     d = posterior.data
     split_args = (args.raw_dir, posterior.input_shape)
-    fractions = (d["seed"], d["test_fraction"], d["val_fraction"])
+    fractions = (d["seed"], d["test_fraction"], d["val_fraction"], d.get("resize_size"))
     test = load_eval_split(args.data, *split_args, "test", *fractions)
     if test.y.max().item() >= posterior.num_classes:
         raise UserError(

@@ -60,6 +60,11 @@ class Params(_Section):
             raise ValueError(f"seeds: {self.seeds} lists a seed twice")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("precision: fp16 needs a CUDA device; use bf16 or fp32 on the CPU")
+        if (self.pretrain.kind == "weights") != (self.model.weights is not None):
+            raise ValueError(
+                "pretrain.kind: weights starts from model.weights, and model.weights is read "
+                "only by it: set both or neither"
+            )
         for name, traj in self.finetune.items():
             if not re.fullmatch(_NAME, name):
                 raise ValueError(f"finetune.{name}: trajectory names are lower-case identifiers")
@@ -195,8 +200,9 @@ class Params(_Section):
         traj = self.finetune.get(start)
         return traj.provides() if traj is not None else {"weights"}
 
-    def dropout_of(self, trajectory: str) -> float:
-        """The dropout rate a trajectory trains with: its own, its start's, or the model's."""
+    def dropout_of(self, trajectory: str) -> float | None:
+        """The dropout rate a trajectory trains with: its own, its start's, or the model's
+        (None: a torchvision or factory network's own layers decide)."""
         traj = self.finetune[trajectory]
         if traj.dropout is not None:
             return traj.dropout

@@ -60,8 +60,14 @@ class Optim(_Section):
 
 class PretrainParams(Optim):
     """Pretraining; ``members`` > 1 also pretrains networks 2..M from their own seeds,
-    stored in the same posterior file, for ensemble trajectories to fine-tune."""
+    stored in the same posterior file, for ensemble trajectories to fine-tune.
 
+    ``kind: weights`` trains nothing but starts from ``model.weights`` with a new head
+    seeded per member, fitted alone for ``head_epochs`` (0: left as initialised) on this
+    section's schedule, batch size and optimizer."""
+
+    kind: Literal["train", "weights"] = "train"
+    head_epochs: NonNegInt = 0
     schedule: Schedule = Schedule(kind="cosine", lr=0.05, lr_end=0.0005)
     members: PosInt = 1
 

@@ -135,11 +135,14 @@ def load_imagefolder(
     directory: str | Path,
     channels: int | None = None,
     size: tuple[int, int] | None = None,
+    fit: tuple[int, int] | None = None,
 ) -> tuple[Split, int]:
     """Images under ``directory/<label>/``, labels 0..C-1 from the folder names.
 
     Images are converted to ``channels`` (1 or 3) and resized to ``size``
-    (height, width); by default both are taken from the first image.
+    (height, width); by default both are taken from the first image. ``fit``
+    (resize_size, image_size): each image's shorter side resized, its centre
+    cropped square instead (``resize.resize_crop``), whatever its own size.
     """
     root = Path(directory)
     if not root.is_dir():
@@ -166,9 +169,13 @@ def load_imagefolder(
                 img.load()
                 if channels is None:
                     channels = 1 if img.mode in ("1", "L", "I", "I;16", "F") else 3
+                img = img.convert("L" if channels == 1 else "RGB")
+                if fit is not None:
+                    images.append(_fitted(np.asarray(img, dtype=np.uint8), fit))
+                    targets.append(label)
+                    continue
                 if size is None:
                     size = (img.height, img.width)
-                img = img.convert("L" if channels == 1 else "RGB")
                 if (img.height, img.width) != tuple(size):
                     img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
                 arr = np.asarray(img, dtype=np.uint8)
@@ -180,6 +187,14 @@ def load_imagefolder(
     return Split(x, torch.tensor(targets, dtype=torch.int64)), len(names)
 
 
+def _fitted(arr: np.ndarray, fit: tuple[int, int]) -> np.ndarray:
+    """One (H, W[, C]) image as (C, image_size, image_size), resized and centre-cropped."""
+    from .resize import resize_crop
+
+    chw = torch.from_numpy(arr.reshape(arr.shape[0], arr.shape[1], -1).transpose(2, 0, 1).copy())
+    return resize_crop(chw.unsqueeze(0), *fit)[0].numpy()
+
+
 def _label_of_folder(name: str) -> int:
     try:
         return int(name)
@@ -187,14 +202,26 @@ def _label_of_folder(name: str) -> int:
         raise UserError(f"imagefolder: class folder {name!r} is not a label index 0..C-1") from None
 
 
-def load_source(dataset: str, raw_dir: str | Path) -> Source:
-    """Load a dataset by name (``mnist5k``, torchvision names, ``imagefolder:<DIR>``)."""
+def load_source(dataset: str, raw_dir: str | Path, fit: tuple[int, int] | None = None) -> Source:
+    """Load a dataset by name (``mnist5k``, torchvision names, ``imagefolder:<DIR>``);
+    ``fit`` (resize_size, image_size): every image resized and centre-cropped."""
     raw_dir = Path(raw_dir)
-    if dataset == "mnist5k":
-        return _mnist5k(raw_dir)
-    if dataset in TORCHVISION:
-        return _torchvision(dataset, raw_dir)
     if dataset.startswith("imagefolder:"):
-        split, num_classes = load_imagefolder(dataset.removeprefix("imagefolder:"))
+        split, num_classes = load_imagefolder(dataset.removeprefix("imagefolder:"), fit=fit)
         return Source(split, None, num_classes)
-    raise UserError(f"unknown dataset {dataset!r}")
+    if dataset == "mnist5k":
+        source = _mnist5k(raw_dir)
+    elif dataset in TORCHVISION:
+        source = _torchvision(dataset, raw_dir)
+    else:
+        raise UserError(f"unknown dataset {dataset!r}")
+    if fit is None:
+        return source
+    from .resize import resize_crop
+
+    def fitted(split: Split | None) -> Split | None:
+        return None if split is None else Split(resize_crop(split.x, *fit), split.y)
+
+    train = fitted(source.train)
+    assert train is not None
+    return Source(train, fitted(source.test), source.num_classes)

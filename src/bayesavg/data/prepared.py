@@ -127,16 +127,22 @@ def prepare(
     seed: int,
     test_fraction: float,
     val_fraction: float,
+    fit: tuple[int, int] | None = None,
+    normalise: tuple[list[float], list[float]] | None = None,
 ) -> Prepared:
-    """Load, split and write ``{train,val,test}.pt`` and ``manifest.json`` to ``out_dir``."""
-    source = load_source(dataset, raw_dir)
+    """Load, split and write ``{train,val,test}.pt`` and ``manifest.json`` to ``out_dir``.
+
+    ``fit`` (resize_size, image_size): images resized and centre-cropped at load;
+    ``normalise`` (mean, std): the constants of the network's pretrained weights
+    instead of the dataset's own."""
+    source = load_source(dataset, raw_dir, fit)
     train, val, test = split_source(source, seed, test_fraction, val_fraction)
     if len(train) == 0 or len(val) == 0 or len(test) == 0:
         raise UserError(
             f"{dataset}: too few images for train/val/test splits of sizes "
             f"{len(train)}/{len(val)}/{len(test)}"
         )
-    mean, std = normalisation(dataset, train.x)
+    mean, std = normalisation(dataset, train.x) if normalise is None else normalise
     out = Path(out_dir)
     splits = {"train": train, "val": val, "test": test}
     files = {}
@@ -157,6 +163,7 @@ def prepare(
         "val_fraction": val_fraction,
         "num_classes": source.num_classes,
         "input_shape": list(train.x.shape[1:]),
+        **({} if fit is None else {"resize_size": fit[0], "image_size": fit[1]}),
         "mean": mean,
         "std": std,
         "splits": files,
@@ -202,16 +209,20 @@ def load_eval_split(
     seed: int,
     test_fraction: float,
     val_fraction: float,
+    resize_size: int | None = None,
 ) -> Split:
     """The ``split`` ('train' or 'test') of a dataset spec, shaped like ``input_shape``.
 
     Used by ``bayesavg evaluate`` outside the pipeline: the split is
     recomputed from the seed and fractions the posterior recorded, so it
     matches the data stage exactly. ``imagefolder:<DIR>`` is used whole.
+    ``resize_size``: the images are resized and centre-cropped to
+    ``input_shape`` as the data stage did (``data.image_size``).
     """
+    fit = None if resize_size is None else (resize_size, input_shape[-1])
     if spec.startswith("imagefolder:"):
         data, _ = load_imagefolder(
-            spec.removeprefix("imagefolder:"), input_shape[0], tuple(input_shape[1:])
+            spec.removeprefix("imagefolder:"), input_shape[0], tuple(input_shape[1:]), fit
         )
         return data
     if spec not in ("mnist5k", *TORCHVISION):
@@ -219,7 +230,8 @@ def load_eval_split(
             f"unknown data spec {spec!r}; use mnist5k, mnist, fashion_mnist, "
             "cifar10, cifar100 or imagefolder:<DIR>"
         )
-    train, _, test = split_source(load_source(spec, raw_dir), seed, test_fraction, val_fraction)
+    source = load_source(spec, raw_dir, fit)
+    train, _, test = split_source(source, seed, test_fraction, val_fraction)
     data = train if split == "train" else test
     if tuple(data.x.shape[1:]) != tuple(input_shape):
         raise UserError(

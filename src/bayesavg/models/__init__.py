@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..runtime.errors import UserError
+from .external import build_external, head_name, is_external
 from .preresnet import PreResNet, PreResNet20, preresnet, preresnet20, preresnet_blocks
 from .small import lenet5, mlp
 from .vgg import VGG16, vgg16, vgg16_bn
@@ -35,6 +36,7 @@ __all__ = [
     "for_inference",
     "has_batchnorm",
     "has_dropout",
+    "head_name",
     "lenet5",
     "mlp",
     "preresnet",
@@ -62,7 +64,11 @@ def build_model(
     num_classes: int,
     kwargs: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """Construct a registry model; ``kwargs`` are its extra constructor arguments."""
+    """Construct a registry model, a torchvision one (``torchvision:<builder>``) or a
+    factory's (``factory:<module>:<function>``); ``kwargs`` are its extra constructor
+    arguments."""
+    if is_external(name):
+        return build_external(name, tuple(in_shape), num_classes, dict(kwargs or {}))
     if name not in MODELS:
         raise UserError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
     return MODELS[name](tuple(in_shape), num_classes, **(kwargs or {}))

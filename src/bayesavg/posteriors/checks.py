@@ -198,6 +198,8 @@ def check_data(value: Any) -> None:
         fraction = check_number(get(data, key, "data"), f"data.{key}")
         if not 0 <= fraction < 1:
             raise PosteriorFileError(f"data.{key} is {fraction}, expected in [0, 1)")
+    if "resize_size" in data:
+        check_int(data["resize_size"], "data.resize_size", minimum=1)
 
 
 HWA_PARTS = ("mu", "var", "rho")

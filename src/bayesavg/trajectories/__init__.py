@@ -44,6 +44,7 @@ from .common import (
     tensors,
     trajectory_kwargs,
 )
+from .from_weights import pretrain_from_weights
 from .laplace_fit import fit_laplace
 from .members import stacked, train_members
 from .run import run_plan, step_context
@@ -108,7 +109,9 @@ def initial_network(params: Params, prepared: Prepared) -> PosteriorFile:
     every device: the start of trajectories that train from scratch (distributed SWAG)."""
     seed_everything(derive_seed(params.seed, "init"), torch.device("cpu"))
     kwargs = params.model.kwargs()
-    model = build_model(params.model.name, prepared.input_shape, prepared.num_classes, kwargs)
+    model = build_model(
+        params.model.model_name(), prepared.input_shape, prepared.num_classes, kwargs
+    )
     return PosteriorFile.from_model(model, **posterior_fields(params, prepared, "init", kwargs))
 
 
@@ -122,10 +125,16 @@ def pretrain(
 ) -> RunResult:
     """Deterministic SGD from a seeded initialisation (``member`` > 0: an ensemble member's)."""
     compute = _compute(params, device, compute)
+    if params.pretrain.kind == "weights":
+        return pretrain_from_weights(
+            params, prepared, device, member, resume, compute, monitoring(params)
+        )
     run_seed = pretrain_seed(params.seed, member)
     seed_everything(run_seed, device)
     kwargs = params.model.kwargs()
-    model = build_model(params.model.name, prepared.input_shape, prepared.num_classes, kwargs)
+    model = build_model(
+        params.model.model_name(), prepared.input_shape, prepared.num_classes, kwargs
+    )
     model = compute.prepare(model)
     ctx = step_context(compute, run_seed)
     desc = "pretrain" if member == 0 else f"pretrain member {member}"

@@ -48,7 +48,7 @@ def compute_for(params: Params, device: torch.device, world: World | None = None
         precision=precision_for(params.precision, device),
         channels_last=channels_last,
         world=world if world is not None and world.size > 1 else None,
-        augment=Augment(aug.crop_padding, aug.flip),
+        augment=Augment(aug.crop_padding, aug.flip, aug.resized_crop),
         compile=params.compile,
         cuda_graphs=params.cuda_graphs,
     )
@@ -97,13 +97,18 @@ def posterior_fields(
     m = prepared.manifest
     return {
         "trajectory": trajectory,
-        "model_name": params.model.name,
+        "model_name": params.model.model_name(),
         "model_kwargs": model_kwargs,
         "input_shape": prepared.input_shape,
         "mean": m["mean"],
         "std": m["std"],
         "num_classes": prepared.num_classes,
-        "data": {k: m[k] for k in ("dataset", "seed", "test_fraction", "val_fraction")},
+        # resize_size: images were resized and centre-cropped at load (data.image_size)
+        "data": {
+            k: m[k]
+            for k in ("dataset", "seed", "test_fraction", "val_fraction", "resize_size")
+            if k in m
+        },
     }
 
 

@@ -103,6 +103,16 @@ class Params(_Section):
                     f"evaluate.plane.trajectories: {name!r} is not a finetune trajectory that "
                     "collects snapshots"
                 )
+        whole = list(self.evaluate.plane.trajectories) + list(
+            self.evaluate.landscape.swag.trajectories
+        )
+        for name in whole:
+            if getattr(self.finetune.get(name), "posterior", None) is not None:
+                raise ValueError(
+                    f"finetune.{name}.posterior: the loss plane and the SWAG directions need a "
+                    f"posterior over every parameter; drop {name} from evaluate.plane / "
+                    "evaluate.landscape.swag, or posterior.params"
+                )
         sweep = self.evaluate.dswag_sweep
         if sweep.workers and not isinstance(self.finetune.get(sweep.trajectory), DSWAGTrajectory):
             raise ValueError(

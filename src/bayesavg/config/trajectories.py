@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
@@ -88,6 +89,25 @@ class VIParams(_Section):
     optimizer: Literal["adam", "sgd"] = "adam"
 
 
+class PosteriorScope(_Section):
+    """The parameters a trajectory's posterior covers: those whose name (as
+    ``model.named_parameters()`` gives it, e.g. ``layer4.1.conv2.weight``, ``fc.bias``)
+    matches the regular expression ``params`` (``re.search``). The rest keep the start's
+    weights (``rest: frozen``) or train with them (``rest: train``) without entering the
+    posterior: a SWAG over the last block and the head of a large network."""
+
+    params: str
+    rest: Literal["frozen", "train"] = "frozen"
+
+    @model_validator(mode="after")
+    def _check(self) -> PosteriorScope:
+        try:
+            re.compile(self.params)
+        except re.error as err:
+            raise ValueError(f"params: not a regular expression ({err})") from None
+        return self
+
+
 class Trajectory(Optim):
     """One fine-tuning run from ``start`` (``pretrain`` or another trajectory).
 
@@ -111,6 +131,7 @@ class Trajectory(Optim):
     reset_to_average: bool = False
     dropout: DropoutRate | None = None
     members: PosInt | None = None
+    posterior: PosteriorScope | None = None
 
     def snapshots(self, iters_per_epoch: int) -> int:
         """How many snapshots this trajectory will collect (0 without ``collect``)."""
@@ -167,6 +188,11 @@ class Trajectory(Optim):
             raise ValueError("reset_to_average: only hwa trajectories average and restart")
         if (self.members is not None) != (self.kind == "ensemble"):
             raise ValueError("members: set it for ensemble trajectories, and only for them")
+        if self.posterior is not None and self.kind in ("vi", "hwa", "sgld"):
+            raise ValueError(
+                f"posterior: a {self.kind} trajectory's posterior covers every parameter; "
+                "posterior.params is for sgd and ensemble trajectories"
+            )
         if self.kind == "ensemble" and self.start != "pretrain":
             raise ValueError("start: ensemble members start from pretraining (start: pretrain)")
         if self.kind == "sgld":

@@ -143,7 +143,8 @@ def check_collector(value: Any, where: str, num_params: int, max_rank: int | Non
     d = check_int(get(state, "num_params", where), f"{where}.num_params", minimum=1)
     if d != num_params:
         raise PosteriorFileError(
-            f"{where}.num_params is {d}, expected {num_params} (the model's parameter count)"
+            f"{where}.num_params is {d}, expected {num_params} (the parameters the posterior "
+            "covers)"
         )
     rank = check_int(get(state, "max_rank", where), f"{where}.max_rank")
     if max_rank is not None and rank != max_rank:
@@ -202,6 +203,18 @@ def check_data(value: Any) -> None:
         check_int(data["resize_size"], "data.resize_size", minimum=1)
 
 
+def check_covers(value: Any, names: list[str]) -> None:
+    """The names of the parameter tensors a posterior covers, in the model's order."""
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise PosteriorFileError(f"covers is {_describe(value)}, expected a list of names")
+    order = {name: i for i, name in enumerate(names)}
+    unknown = [v for v in value if v not in order]
+    if unknown:
+        raise PosteriorFileError(f"covers names {unknown[:3]}, not parameters of the model")
+    if [order[v] for v in value] != sorted(order[v] for v in value):
+        raise PosteriorFileError("covers lists the parameters out of the model's order")
+
+
 HWA_PARTS = ("mu", "var", "rho")
 
 
@@ -222,9 +235,15 @@ def check_hwa(value: Any, num_params: int) -> None:
             )
 
 
-def check_samples(value: Any, num_params: int, model_buffers: Mapping[str, torch.Tensor]) -> None:
+def check_samples(
+    value: Any,
+    num_params: int,
+    model_buffers: Mapping[str, torch.Tensor],
+    covered: int | None = None,
+) -> None:
     """k >= 1 weight vectors, with k buffer dicts (ensemble members) or None (SGLD), and
-    optionally k SWAG collectors (``collectors``: each member's snapshots, MultiSWAG)."""
+    optionally k SWAG collectors (``collectors``: each member's snapshots, MultiSWAG) over
+    ``covered`` parameters (default: all)."""
     samples = as_block(value, "samples")
     theta = check_tensor(get(samples, "theta", "samples"), "samples.theta", (None, num_params))
     k = theta.shape[0]
@@ -239,7 +258,7 @@ def check_samples(value: Any, num_params: int, model_buffers: Mapping[str, torch
     if collectors is None:
         return
     for i, collector in enumerate(_per_row(collectors, "samples.collectors", k)):
-        check_collector(collector, f"samples.collectors[{i}]", num_params)
+        check_collector(collector, f"samples.collectors[{i}]", covered or num_params)
 
 
 def _per_row(value: Any, where: str, k: int) -> list[Any] | tuple[Any, ...]:

@@ -25,6 +25,7 @@ from .checks import (
     as_block,
     check_buffers,
     check_collector,
+    check_covers,
     check_data,
     check_hwa,
     check_input,
@@ -63,6 +64,9 @@ class PosteriorFile:
     start_theta: torch.Tensor | None = None
     # A last-layer Laplace posterior at theta (``posteriors.last_layer_laplace`` state: tensors).
     laplace: dict[str, Any] | None = None
+    # The parameter tensors the collectors cover (``finetune.<t>.posterior.params``), in
+    # the model's order; None: all. theta and every sample stay whole.
+    covers: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -77,8 +81,13 @@ class PosteriorFile:
         model_buffers = dict(model.named_buffers())
         check_tensor(self.theta, "theta", (num_params,), f" ({self.model_name}'s parameter count)")
         check_buffers(self.buffers, "buffers", model_buffers)
+        covered = num_params
+        if self.covers is not None:
+            check_covers(self.covers, [name for name, _ in model.named_parameters()])
+            sizes = dict(model.named_parameters())
+            covered = sum(sizes[name].numel() for name in self.covers)
         if self.collector is not None:
-            check_collector(self.collector, "collector", num_params)
+            check_collector(self.collector, "collector", covered)
         if self.rho is not None:
             check_tensor(self.rho, "rho", (num_params,), " (one per parameter)")
         if self.hwa is not None:
@@ -86,7 +95,7 @@ class PosteriorFile:
         if self.start_theta is not None:
             check_tensor(self.start_theta, "start_theta", (num_params,), " (one per parameter)")
         if self.samples is not None:
-            check_samples(self.samples, num_params, model_buffers)
+            check_samples(self.samples, num_params, model_buffers, covered)
         if self.laplace is not None:
             check_laplace(self.laplace, model)
         as_block(self.extra, "extra")
@@ -127,6 +136,12 @@ class PosteriorFile:
             out.add("laplace")
         return out
 
+    def covered_index(self) -> torch.Tensor | None:
+        """Where the covered parameters sit in theta (int64 positions), None if all."""
+        if self.covers is None:
+            return None
+        return covered_positions(self._skeleton(), self.covers)
+
     @property
     def has_batchnorm(self) -> bool:
         return any(name.endswith("running_mean") for name in self.buffers)
@@ -164,6 +179,8 @@ class PosteriorFile:
             "samples": self.samples,
             "start_theta": None if self.start_theta is None else self.start_theta.detach().cpu(),
             "laplace": self.laplace,
+            # only where set: a file covering everything keeps the bytes it always had
+            **({} if self.covers is None else {"covers": self.covers}),
             "extra": self.extra,
         }
 
@@ -193,6 +210,7 @@ class PosteriorFile:
             samples=d.get("samples"),
             start_theta=d.get("start_theta"),
             laplace=d.get("laplace"),
+            covers=d.get("covers"),
             extra=d.get("extra", {}),
         )
 
@@ -201,6 +219,16 @@ class PosteriorFile:
         theta = params_vector(model.parameters()).detach().cpu()
         buffers = {k: v.detach().cpu().clone() for k, v in model.named_buffers()}
         return cls(theta=theta, buffers=buffers, **fields)
+
+
+def covered_positions(model: nn.Module, names: list[str]) -> torch.Tensor:
+    """The positions in ``parameters_to_vector(model)`` of the parameters ``names``."""
+    wanted, parts, offset = set(names), [], 0
+    for name, param in model.named_parameters():
+        if name in wanted:
+            parts.append(torch.arange(offset, offset + param.numel()))
+        offset += param.numel()
+    return torch.cat(parts)
 
 
 @torch.no_grad()

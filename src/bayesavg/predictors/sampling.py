@@ -109,20 +109,38 @@ def _hwa_state(posterior: PosteriorFile, device: torch.device | str) -> HWA:
     return hwa
 
 
+def whole(
+    posterior: PosteriorFile, device: torch.device | str, base: torch.Tensor | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A vector of the parameters the posterior covers -> the network's whole weight
+    vector, the rest taken from ``base`` (default: the file's theta). The identity for a
+    posterior that covers everything (``posterior.params`` unset)."""
+    index = posterior.covered_index()
+    if index is None:
+        return lambda v: v
+    index = index.to(device)
+    rest = (posterior.theta if base is None else base).to(device)
+    return lambda v: rest.clone().index_copy_(0, index, v.to(rest.dtype))
+
+
 @sampler("swa")
 def _swa(posterior: PosteriorFile, req: Request) -> Draws:
-    mean = _swag(posterior, req.device).mean
+    mean = whole(posterior, req.device)(_swag(posterior, req.device).mean)
     return Draws(lambda s: (mean, None), 1)
 
 
 @sampler("swag", "swag_diag")
 def _swag_draws(posterior: PosteriorFile, req: Request) -> Draws:
     swag = _swag(posterior, req.device)
+    full = whole(posterior, req.device)
     diag_only = req.method.name == "swag_diag"
     if not diag_only and swag.rank < 2:
         raise UserError(f"swag needs at least 2 snapshots, {posterior.trajectory} has {swag.rank}")
     return Draws(
-        lambda s: (swag.sample(req.scale, diag_only=diag_only, generator=req.generator), None),
+        lambda s: (
+            full(swag.sample(req.scale, diag_only=diag_only, generator=req.generator)),
+            None,
+        ),
         None,
     )
 
@@ -162,9 +180,18 @@ def _member_swags(posterior: PosteriorFile, device: torch.device | str) -> list[
     return swags
 
 
+def _member_wholes(
+    posterior: PosteriorFile, device: torch.device | str
+) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """Each member's ``whole``: its uncovered parameters are its own final weights."""
+    assert posterior.samples is not None
+    return [whole(posterior, device, theta) for theta in posterior.samples["theta"]]
+
+
 @sampler("multiswa")
 def _multiswa(posterior: PosteriorFile, req: Request) -> Draws:
-    means = [swag.mean for swag in _member_swags(posterior, req.device)]
+    swags, fulls = _member_swags(posterior, req.device), _member_wholes(posterior, req.device)
+    means = [full(swag.mean) for swag, full in zip(swags, fulls, strict=True)]
     return Draws(lambda s: (means[s], None), len(means))
 
 
@@ -177,9 +204,11 @@ def _multiswag(posterior: PosteriorFile, req: Request) -> Draws:
         raise UserError(
             f"multiswag needs at least 2 snapshots per member of {posterior.trajectory}"
         )
+    fulls = _member_wholes(posterior, req.device)
     m = len(swags)
     return Draws(
-        lambda s: (swags[s % m].sample(req.scale, generator=req.generator), None), m * req.n_samples
+        lambda s: (fulls[s % m](swags[s % m].sample(req.scale, generator=req.generator)), None),
+        m * req.n_samples,
     )
 
 
@@ -263,7 +292,7 @@ def _centre_weights(posterior: PosteriorFile, method: Method) -> list[Network]:
 
 
 def _centre_snapshot_mean(posterior: PosteriorFile, method: Method) -> list[Network]:
-    return [(_swag(posterior, "cpu").mean, None)]
+    return [(whole(posterior, "cpu")(_swag(posterior, "cpu").mean), None)]
 
 
 def _centre_hwa_mean(posterior: PosteriorFile, method: Method) -> list[Network]:
@@ -281,7 +310,8 @@ def _centre_members(posterior: PosteriorFile, method: Method) -> list[Network]:
 
 
 def _centre_member_means(posterior: PosteriorFile, method: Method) -> list[Network]:
-    return [(swag.mean, None) for swag in _member_swags(posterior, "cpu")]
+    swags, fulls = _member_swags(posterior, "cpu"), _member_wholes(posterior, "cpu")
+    return [(full(swag.mean), None) for swag, full in zip(swags, fulls, strict=True)]
 
 
 CENTRES: dict[str, Callable[[PosteriorFile, Method], list[Network]]] = {

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 
 import torch
 
@@ -204,6 +205,7 @@ def _run(
     run_seed = finetune_seed(params.seed, name, member)
     seed_everything(run_seed, compute.device)
     model = compute.prepare(start_model(start, fields["model_kwargs"], compute.device))
+    covers = scope(traj, model, name)
     ctx = step_context(compute, run_seed)
     desc = f"finetune {name}"
     if traj.kind == "ensemble":
@@ -212,7 +214,7 @@ def _run(
     if traj.kind in ("vi", "hwa"):
         plan = variational.plan(traj, model, compute, ctx, n_train, start)
     else:
-        plan = gradient.plan(traj, model, compute, ctx, n_train)
+        plan = gradient.plan(traj, model, compute, ctx, n_train, covers)
     history = run_plan(
         plan,
         traj,
@@ -233,7 +235,27 @@ def _run(
         posterior = variational.finish(plan, model, fields, start, traj.vi.sigma_init)
     else:
         posterior = gradient.finish(plan, fields, desc)
+    posterior.covers = covers
     return RunResult(posterior, history)
+
+
+def scope(traj: Trajectory, model: torch.nn.Module, name: str) -> list[str] | None:
+    """The names of the parameters ``traj``'s posterior covers (None: all); with
+    ``rest: frozen`` the others stop training (``requires_grad`` off)."""
+    if traj.posterior is None:
+        return None
+    pattern = re.compile(traj.posterior.params)
+    names = [n for n, _ in model.named_parameters() if pattern.search(n)]
+    if not names:
+        first = [n for n, _ in model.named_parameters()][:4]
+        raise UserError(
+            f"finetune.{name}.posterior.params: {traj.posterior.params!r} matches no parameter "
+            f"of the network (they are named like {', '.join(first)}, ...)"
+        )
+    if traj.posterior.rest == "frozen":
+        for n, param in model.named_parameters():
+            param.requires_grad_(n in names)
+    return names
 
 
 def _ensemble(

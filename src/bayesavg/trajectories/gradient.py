@@ -12,7 +12,7 @@ from torch import nn
 
 from ..config import PretrainParams, Trajectory
 from ..posteriors import SWAG
-from ..posteriors.file import PosteriorFile
+from ..posteriors.file import PosteriorFile, covered_positions
 from ..runtime.errors import UserError
 from ..training.flat import params_vector
 from ..training.sam import sam_step
@@ -55,8 +55,10 @@ def plan(
     compute: Compute,
     ctx: StepContext,
     n_train: int,
+    covers: list[str] | None = None,
 ) -> Plan:
-    """SGD (or SAM) on ``model``; SWAG snapshots where ``opts`` collects; SGLD for kind sgld."""
+    """SGD (or SAM) on ``model``'s trainable parameters; SWAG snapshots where ``opts``
+    collects, of the parameters ``covers`` names (None: all); SGLD for kind sgld."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     rho = getattr(opts, "sam_rho", 0.0)
     out = Plan(model, sgd(trainable, opts.momentum, opts.weight_decay))
@@ -71,11 +73,25 @@ def plan(
             out.collect = lambda: kept.append(params_vector(trainable))
             out.average = kept.mean
     elif collect is not None and compute.is_main:
+        named = dict(model.named_parameters())
+        covered = [named[n] for n in covers] if covers is not None else list(named.values())
         swag = out.parts["collector"] = SWAG(
-            sum(p.numel() for p in trainable), collect.max_rank, device=compute.device
+            sum(p.numel() for p in covered), collect.max_rank, device=compute.device
         )
-        out.collect = lambda: swag.collect(model)
-        out.average = lambda: swag.mean if swag.n_collected else None
+        out.collect = lambda: swag.collect(params_vector(covered))
+        if covers is None:
+            out.average = lambda: swag.mean if swag.n_collected else None
+        else:
+            index = covered_positions(model, covers).to(compute.device)
+
+            def average() -> torch.Tensor | None:
+                """The running average of the covered weights, the rest as they are now."""
+                if not swag.n_collected:
+                    return None
+                whole = params_vector(model.parameters()).detach().clone()
+                return whole.index_copy_(0, index, swag.mean.to(whole.dtype))
+
+            out.average = average
     return out
 
 

@@ -170,6 +170,8 @@ SPEED_PARTS: tuple[Part, ...] = (
     Part("speed.preresnet20", 110, _speed("preresnet20"), "4 step variants"),
     Part("speed.wideresnet28x10", 140, _speed("wideresnet28x10"), "4 step variants"),
     Part("speed.preresnet164", 190, _speed("preresnet164"), "4 + reference, projection"),
+    # issue 28: an ImageNet network at 224x224 (random resized crop + flip), ours / bare
+    Part("throughput.resnet50", 100, _throughput("resnet50"), "images/s, 2 loops"),
 )
 PIPELINE_PARTS: tuple[Part, ...] = (
     Part("pipeline", 470, _lazy("gpu_check_pipeline", "pipeline"), "dvc repro, toy sizes"),

@@ -66,7 +66,12 @@ class Size:
             cifar_train=2048,
             cifar_batch=128,
             batch_size=128,
-            batches=(("preresnet20", 50), ("preresnet164", 20), ("wideresnet28x10", 30)),
+            batches=(
+                ("preresnet20", 50),
+                ("preresnet164", 20),
+                ("wideresnet28x10", 30),
+                ("resnet50", 20),
+            ),
             rounds=5,
             workers=4,  # the reference's run_swag.py default
             max_rank=20,
@@ -88,7 +93,12 @@ class Size:
             cifar_train=64,
             cifar_batch=32,
             batch_size=2,  # WRN-28x10: ~30 GFLOP an image for a training step
-            batches=(("preresnet20", 4), ("preresnet164", 1), ("wideresnet28x10", 1)),
+            batches=(
+                ("preresnet20", 4),
+                ("preresnet164", 1),
+                ("wideresnet28x10", 1),
+                ("resnet50", 1),
+            ),
             rounds=1,
             workers=0,
             max_rank=2,  # WRN-28x10's 36.5M weights x 20 would be 2.9 GB on the CPU
@@ -151,10 +161,12 @@ def rotation(names: list[str], r: int) -> list[str]:
     return names[r % len(names) :] + names[: r % len(names)]
 
 
-def cifar_shaped(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random uint8 images (n, 3, 32, 32) and labels of 10 classes: timing needs no CIFAR."""
+def cifar_shaped(
+    n: int, seed: int = 0, shape: tuple[int, int, int] = (3, 32, 32)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random uint8 images (n, *shape) and labels of 10 classes: timing needs no CIFAR."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+    x = torch.randint(0, 256, (n, *shape), generator=g, dtype=torch.uint8)
     return x, torch.randint(0, 10, (n,), generator=g)
 
 

@@ -56,7 +56,23 @@ MODELS = {
     "preresnet20": ("preresnet", {"depth": 20}),
     "preresnet164": ("preresnet", {"depth": 164}),
     "wideresnet28x10": ("wideresnet28x10", {}),
+    "resnet50": ("torchvision:resnet50", {}),  # issue 28: a user's ImageNet network
 }
+# The input and the augmentation each network is trained with: CIFAR's crop (padding 4)
+# and flip at 32x32; torchvision's random resized crop and flip at 224x224 for ResNet-50.
+SHAPES = {"resnet50": (3, 224, 224)}
+REFERENCE_MODELS = ("preresnet20", "preresnet164", "wideresnet28x10")  # the reference's own
+AUGMENTS = {"resnet50": Augment(0, True, True)}
+
+
+def shape_of(model_name: str) -> tuple[int, int, int]:
+    return SHAPES.get(model_name, (3, 32, 32))
+
+
+def augment_of(model_name: str) -> Augment:
+    return AUGMENTS.get(model_name, Augment(4, True))
+
+
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 0.0003
 Epoch = Callable[[], None]
 
@@ -94,9 +110,9 @@ def _ours(
     ``compile``: the step through ``torch.compile``; ``graphs``: the graph-ready step,
     captured on CUDA; both made once, so the warm-up epoch compiles and captures."""
     name, kwargs = MODELS[model_name]
-    augment = Augment(4, True)
+    augment = augment_of(model_name)
     compute = Compute(device, prec, device.type == "cuda", augment=augment)
-    model = compute.prepare(build_model(name, (3, 32, 32), 10, kwargs))
+    model = compute.prepare(build_model(name, shape_of(model_name), 10, kwargs))
     ctx = StepContext(prec)
     traj = Trajectory(
         start="pretrain",
@@ -152,9 +168,9 @@ def _bare(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
     ``bayesavg.training.augment`` ops; no schedule, metrics, checks or SWAG collection."""
     name, kwargs = MODELS[model_name]
     layout = torch.channels_last if device.type == "cuda" else torch.contiguous_format
-    model = build_model(name, (3, 32, 32), 10, kwargs).to(device, memory_format=layout)
+    model = build_model(name, shape_of(model_name), 10, kwargs).to(device, memory_format=layout)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-    augment, xd, yd = Augment(4, True), x.to(device), y.to(device)
+    augment, xd, yd = augment_of(model_name), x.to(device), y.to(device)
     mean = torch.tensor(MEAN, device=device).view(1, -1, 1, 1)
     std = torch.tensor(STD, device=device).view(1, -1, 1, 1)
     gen = torch.Generator().manual_seed(0)
@@ -298,12 +314,14 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
     >= 0.95: the library's bookkeeping costs under 5%) and ours/reference (goal >= 3)."""
     size, device = Size.of(ctx), torch.device(ctx.device)
     prec = Precision("bf16" if device.type == "cuda" else "fp32", device.type)
-    x, y = cifar_shaped(size.batch_size * dict(size.batches)[model_name])
+    n = size.batch_size * dict(size.batches)[model_name]
+    x, y = cifar_shaped(n, shape=shape_of(model_name))
     builders: dict[str, Callable[[], Epoch | str]] = {
         "ours": lambda: _ours(model_name, device, prec, x, y, size),
         "bare_pytorch": lambda: _bare(model_name, device, prec, x, y, size),
-        "reference_swag_code": lambda: _reference(model_name, device, x, y, size),
     }
+    if model_name in REFERENCE_MODELS:
+        builders["reference_swag_code"] = lambda: _reference(model_name, device, x, y, size)
     head: dict[str, Any] = {
         "images_per_epoch": len(y),
         "batch_size": size.batch_size,

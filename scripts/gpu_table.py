@@ -162,6 +162,15 @@ ROWS = (
     ),
     ("CIFAR-10 preset's SWAG protocol (PreResNet-164), reference / ours", ">= 5x", _protocol),
     (
+        "SWAG fine-tuning ResNet-50 at 224 x 224 (random resized crop), ours / bare PyTorch",
+        ">= 0.95x",
+        lambda f: (
+            _throughput(f, "resnet50", "bare")
+            if "throughput.resnet50" in f
+            else "not run yet (`--speed`)"
+        ),
+    ),
+    (
         "30-sample SWAG evaluation / 30 x (BN pass + forward)",
         "<= 1.10x",
         lambda f: _ratio(f["evaluation"], "ours_over_bound", "goal_met"),

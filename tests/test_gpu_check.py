@@ -501,3 +501,17 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     assert _speed({"speed.preresnet20": {"error": "OutOfMemoryError: x"}}, "preresnet20") == (
         "failed: OutOfMemoryError"
     )
+
+
+def test_resnet50_throughput_at_224_runs_ours_and_the_bare_loop(tmp_path: Path) -> None:
+    """Issue 28's gpu-check part at toy size on the CPU: ResNet-50 on 224x224 images with
+    the random resized crop and flip, ours against the bare loop; the reference code has
+    no ImageNet network, so it is not a variant (not a skip that fails the run)."""
+    from gpu_check_runner import Context
+    from gpu_check_throughput import throughput
+
+    ctx = Context("cpu", True, time.time() + 120, tmp_path / "r.json")
+    found = throughput("resnet50", ctx)
+    assert set(found["images_per_s"]) == {"ours", "bare_pytorch"}
+    assert found["ours_over_bare"] > 0 and "skipped" not in found and "failed" not in found
+    assert found["images_per_epoch"] == 2

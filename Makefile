@@ -78,8 +78,9 @@ lint: install
 test: lint
 	pytest
 
-# Tests marked slow (the CIFAR preset end to end on generated images, two queued DVC
-# experiments run in parallel): not in `make test`.
+# Tests marked slow (the default pipeline end to end on a tiny model, the CIFAR preset and
+# a pretrained torchvision network end to end on generated images, the emulated CPUs, stages
+# under torchrun, two queued DVC experiments run in parallel): not in `make test`.
 test-slow: install
 	pytest -m slow
 

@@ -105,6 +105,7 @@ def test_resumed_two_process_run_is_bitwise_the_uninterrupted_one(runs: Path) ->
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in resumed["history"]]
 
 
+@pytest.mark.slow  # ~80 s on 2 cores: torchrun starts, two ranks per stage
 def test_stages_train_data_parallel_under_torchrun(tmp_path: Path) -> None:
     """`BAYESAVG_NPROC=2 dvc repro` of finetune stages: the launcher and its ranks, rank 0
     tracking and writing; members bitwise and swag within rounding of one process (each

@@ -627,6 +627,7 @@ def _traced(tmp_path: Path, nproc: int, **extra: str) -> dict[str, str]:
     )
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: two dvc repro runs, one under torchrun
 def test_dvc_repro_on_one_and_two_processes_writes_the_same_posterior(tmp_path: Path) -> None:
     raw = small_params(epochs=2, pretrain_epochs=1, members=1)
     raw["device"] = "cpu"

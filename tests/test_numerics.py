@@ -190,7 +190,8 @@ def test_the_thread_count_not_the_cores_decides(mnist5k_prepared) -> None:
 @pytest.mark.parametrize(
     "cpu",
     [
-        "Haswell",  # Intel: AVX2, no AVX-512
+        # Intel: AVX2, no AVX-512; ~5 minutes under emulation on 2 cores: make test-slow
+        pytest.param("Haswell", marks=pytest.mark.slow),
         pytest.param("EPYC", marks=pytest.mark.slow),  # AMD (Zen 1): AVX2; ~35 s more
     ],
 )

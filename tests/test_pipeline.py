@@ -182,6 +182,11 @@ def tiny_params() -> dict[str, Any]:
     return raw
 
 
+# The tiny pipeline's 44 stages under `dvc repro` take about 3 minutes on 2 cores before
+# the first test, and its tests another 2: `make test-slow`, outside the 10-minute suite.
+SLOW = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("traces")
@@ -215,6 +220,7 @@ def test_params_cover_every_method_and_kind() -> None:
     assert any(t.get("sam_rho", 0) > 0 for t in raw["finetune"].values())
 
 
+@SLOW
 def test_outputs(repo: Path) -> None:
     for name in ("mc_dropout", "swag"):
         post = torch.load(repo / "models" / name / "posterior.pt", weights_only=True)
@@ -279,6 +285,7 @@ def test_outputs(repo: Path) -> None:
     assert not list((repo / "checkpoints").glob("*")), "finished stages delete their checkpoints"
 
 
+@SLOW
 def test_shift_and_ood_outputs(repo: Path) -> None:
     """Each predictor's shifts and OOD scores, and the per-point predictions behind them."""
     import numpy as np
@@ -302,6 +309,7 @@ def test_shift_and_ood_outputs(repo: Path) -> None:
         assert accuracy == pytest.approx(metrics["accuracy"], abs=1e-12)
 
 
+@SLOW
 def test_landscape_outputs(repo: Path) -> None:
     """The line's end at the SWA mean is the swa predictor's own evaluation (BatchNorm
     recomputed from the same images); rays and SWAG directions have their rows."""
@@ -363,6 +371,7 @@ _NOT_PIPELINE = (
 )
 
 
+@SLOW
 def test_stages_import_and_read_only_declared_deps(repo: Path, traces: Path) -> None:
     """What each stage process really imported and opened is declared in dvc.yaml."""
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
@@ -396,6 +405,7 @@ def _children(runs: list[Any], parent: Any) -> dict[str, Any]:
     }
 
 
+@SLOW
 def test_mlflow_runs(repo: Path) -> None:
     everything = _runs(repo)
     runs = _stage_runs(everything)
@@ -473,6 +483,7 @@ def _out_files(repo: Path) -> list[Path]:
     return [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*")))]
 
 
+@SLOW
 def test_outputs_hold_no_run_ids_or_wall_clock(repo: Path) -> None:
     """What changes with every execution stays out of the DVC outputs, whose bytes a
     rerun on any machine must reproduce: no run id, no timing column."""
@@ -488,6 +499,7 @@ def test_outputs_hold_no_run_ids_or_wall_clock(repo: Path) -> None:
             assert "seconds" not in text.splitlines()[0].split(","), f
 
 
+@SLOW
 def test_report_names_the_filter_of_every_run(repo: Path) -> None:
     """The report's list of runs (built from params) is what the execution made: every
     run, once, each with the filter that finds it; and each DVC stage tagged on them."""
@@ -499,6 +511,7 @@ def test_report_names_the_filter_of_every_run(repo: Path) -> None:
     assert {r.data.tags["dvc_stage"] for r in runs} == STAGES
 
 
+@SLOW
 def test_second_repro_does_nothing(repo: Path) -> None:
     before = len(_runs(repo))
     out = sh(repo, str(BIN / "dvc"), "repro").stdout
@@ -506,6 +519,7 @@ def test_second_repro_does_nothing(repo: Path) -> None:
     assert len(_runs(repo)) == before
 
 
+@SLOW
 def test_bytecode_caches_leave_deps_unchanged(repo: Path) -> None:
     """Python's __pycache__ next to the code (any user without PYTHONDONTWRITEBYTECODE)
     must not make the directory deps look modified."""
@@ -515,6 +529,7 @@ def test_bytecode_caches_leave_deps_unchanged(repo: Path) -> None:
     assert json.loads(status) == {}
 
 
+@SLOW
 def test_bad_params_stop_before_any_output(repo: Path) -> None:
     params = repo / "params.yaml"
     good = params.read_text()
@@ -545,6 +560,7 @@ def test_bad_params_stop_before_any_output(repo: Path) -> None:
     assert "Running stage" not in sh(repo, str(BIN / "dvc"), "repro").stdout
 
 
+@SLOW
 def test_python_without_the_project_fails_in_one_line(repo: Path, tmp_path: Path) -> None:
     """`.venv/bin/dvc repro` without activating: the stage's `python` is one that
     cannot import bayesavg; it says so in one line, no traceback."""
@@ -563,6 +579,7 @@ def test_python_without_the_project_fails_in_one_line(repo: Path, tmp_path: Path
     sh(repo, str(BIN / "dvc"), "repro")
 
 
+@SLOW
 def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store."""
     before = {r.info.run_id for r in _runs(repo)}
@@ -635,6 +652,7 @@ def test_queued_experiments_in_parallel_get_their_own_parents(repo: Path) -> Non
         assert scale == {"wide": "0.75", "wider": "1.0"}[name]
 
 
+@SLOW
 def test_seeds(repo: Path) -> None:
     """The pipeline's own seed is marked; seed 1 reruns every trajectory and predictor on
     the same split; the report averages both; changing a predictor reran seed 1's

@@ -136,11 +136,11 @@ class PosteriorFile:
             out.add("laplace")
         return out
 
-    def covered_index(self) -> torch.Tensor | None:
+    def covered_index(self, device: torch.device | str = "cpu") -> torch.Tensor | None:
         """Where the covered parameters sit in theta (int64 positions), None if all."""
         if self.covers is None:
             return None
-        return covered_positions(self._skeleton(), self.covers)
+        return covered_positions(self._skeleton(), self.covers, device)
 
     @property
     def has_batchnorm(self) -> bool:
@@ -221,12 +221,15 @@ class PosteriorFile:
         return cls(theta=theta, buffers=buffers, **fields)
 
 
-def covered_positions(model: nn.Module, names: list[str]) -> torch.Tensor:
-    """The positions in ``parameters_to_vector(model)`` of the parameters ``names``."""
+def covered_positions(
+    model: nn.Module, names: list[str], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """The positions in ``parameters_to_vector(model)`` of the parameters ``names``, on
+    ``device`` (where the vectors they index live)."""
     wanted, parts, offset = set(names), [], 0
     for name, param in model.named_parameters():
         if name in wanted:
-            parts.append(torch.arange(offset, offset + param.numel()))
+            parts.append(torch.arange(offset, offset + param.numel(), device=device))
         offset += param.numel()
     return torch.cat(parts)
 

@@ -115,10 +115,9 @@ def whole(
     """A vector of the parameters the posterior covers -> the network's whole weight
     vector, the rest taken from ``base`` (default: the file's theta). The identity for a
     posterior that covers everything (``posterior.params`` unset)."""
-    index = posterior.covered_index()
+    index = posterior.covered_index(device)
     if index is None:
         return lambda v: v
-    index = index.to(device)
     rest = (posterior.theta if base is None else base).to(device)
     return lambda v: rest.clone().index_copy_(0, index, v.to(rest.dtype))
 

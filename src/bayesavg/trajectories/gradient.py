@@ -82,7 +82,7 @@ def plan(
         if covers is None:
             out.average = lambda: swag.mean if swag.n_collected else None
         else:
-            index = covered_positions(model, covers).to(compute.device)
+            index = covered_positions(model, covers, compute.device)
 
             def average() -> torch.Tensor | None:
                 """The running average of the covered weights, the rest as they are now."""

@@ -589,6 +589,7 @@ def test_a_rank_bug_ends_the_job_with_its_traceback(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # ~16 s on 2 cores: two torchrun jobs
 def test_two_jobs_at_once_do_not_clash(tmp_path: Path) -> None:
     jobs = [_launch(tmp_path, "ok", f"out{i}") for i in range(2)]
     for proc in jobs:

@@ -262,7 +262,10 @@ KILLS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(KILLS))
+# swag in `make test`; hwa and ensemble (30-40 s each on 2 cores) in `make test-slow`
+@pytest.mark.parametrize(
+    "name", [n if n == "swag" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(KILLS)]
+)
 def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str) -> None:
     repo, stage = kill_repo, f"finetune@{name}"
     out = repo / "models" / name / "posterior.pt"
@@ -305,6 +308,7 @@ def test_changed_params_discard_the_checkpoint(kill_repo: Path) -> None:
     assert not ckpt.exists()
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: a stage process per key
 def test_checkpoint_key_follows_params_inputs_and_code(kill_repo: Path) -> None:
     """The key that decides whether a checkpoint may be resumed changes with the
     stage's params, with the bytes of its input files, and with its code."""

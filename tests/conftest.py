@@ -62,7 +62,7 @@ def mnist5k_prepared(tmp_path_factory: pytest.TempPathFactory) -> PreparedDir:
 def short_starts(mnist5k_prepared: PreparedDir) -> dict[str, PosteriorFile]:
     """The starts of the short runs of every trajectory kind (``pipeline_repo``'s
     ``small_params(epochs=2, pretrain_epochs=1, members=2)``): its two pretrained
-    members, and the vi trajectory hwa continues from."""
+    members, and, on first use, a trajectory another continues from (vi, fvi)."""
     from pipeline_repo import small_params
 
     from bayesavg.config import parse_params
@@ -70,8 +70,17 @@ def short_starts(mnist5k_prepared: PreparedDir) -> dict[str, PosteriorFile]:
 
     params = parse_params(small_params(epochs=2, pretrain_epochs=1, members=2))
     prepared, cpu = mnist5k_prepared.prepared, torch.device("cpu")
-    pre = pretrain_members(params, prepared, cpu).posterior
-    return {"pretrain": pre, "vi": finetune(params, "vi", prepared, pre, cpu).posterior}
+
+    class Starts(dict):
+        """Another trajectory's posterior (fvi, which fhwa continues) on first use."""
+
+        def __missing__(self, name: str) -> PosteriorFile:
+            start = self[params.finetune[name].start]
+            self[name] = finetune(params, name, prepared, start, cpu).posterior
+            return self[name]
+
+    starts = Starts(pretrain=pretrain_members(params, prepared, cpu).posterior)
+    return starts
 
 
 def _train_tiny_mlp(prepared: Prepared) -> nn.Module:

@@ -100,14 +100,19 @@ def test_a_trajectory_can_compile_alone(mnist5k_prepared: Any) -> None:
 
 def test_each_instruction_set_pin_gets_its_own_kernel_cache() -> None:
     """A kernel compiled under one pin aborted a process under the other: the cache
-    folder is keyed by the pin, and a user's own choice is left alone."""
-    from bayesavg.training.compiled import CACHE_ENV, keyed_cache_dir
+    folder is keyed by the pin, set with the pins, and a user's own choice is left alone."""
+    import os
+
+    from bayesavg.runtime.numerics import CACHE_ENV, keyed_kernel_cache
 
     portable = {"ATEN_CPU_CAPABILITY": "avx2"}
     native: dict[str, str] = {}
-    a, b = keyed_cache_dir(portable), keyed_cache_dir(native)
+    a, b = keyed_kernel_cache(portable), keyed_kernel_cache(native)
     assert a is not None and b is not None and a != b
     assert a.endswith("bayesavg-avx2") and b.endswith("bayesavg-native")
     assert portable[CACHE_ENV] == a
     mine = {CACHE_ENV: "/somewhere/else"}
-    assert keyed_cache_dir(mine) is None and mine[CACHE_ENV] == "/somewhere/else"
+    assert keyed_kernel_cache(mine) is None and mine[CACHE_ENV] == "/somewhere/else"
+    # this test process was pinned (conftest) before torch loaded: its cache is keyed
+    pinned = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+    assert os.environ[CACHE_ENV].endswith(f"bayesavg-{pinned}")

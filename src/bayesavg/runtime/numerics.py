@@ -144,7 +144,38 @@ def pin(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
             f"{', '.join(changed)}"
         )
     env.update(settings)
+    folder = keyed_kernel_cache(env)
+    if folder is not None:
+        settings[CACHE_ENV] = folder
     return settings
+
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def keyed_kernel_cache(env: MutableMapping[str, str]) -> str | None:
+    """Give ``compile: true``'s inductor a kernel cache per instruction-set pin
+    (``bayesavg-avx2``, ``bayesavg-native`` under inductor's default folder), unless the
+    user chose one; returns the folder set, or None. Set here, before torch loads:
+    importing torchvision or dynamo fixes inductor's folder on first use.
+
+    Why: inductor keys its kernels by code and torch version, not by the environment
+    pinned here (``ATEN_CPU_CAPABILITY``, oneDNN's ISA). A step compiled under
+    ``BAYESAVG_NUMERICS=native`` and reused under the AVX2 pins aborted the process
+    (tests/test_compile.py)."""
+    if env.get(CACHE_ENV):
+        return None
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (containers): torch's own fallback
+        user = "unknown"
+    isa = env.get("ATEN_CPU_CAPABILITY") or "native"
+    name = "torchinductor_" + "".join(c if c.isalnum() or c in "-_" else "_" for c in user)
+    env[CACHE_ENV] = folder = os.path.join(tempfile.gettempdir(), name, f"bayesavg-{isa}")
+    return folder
 
 
 def describe() -> dict[str, str]:

@@ -20,9 +20,8 @@ specialised to the batch are the fast ones, and an epoch has at most two.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,33 +38,10 @@ log = logging.getLogger(__name__)
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-
-
-def keyed_cache_dir(environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Give inductor a kernel cache per instruction-set pin (``bayesavg-avx2``,
-    ``bayesavg-native`` under its default folder), unless the user chose one; returns
-    the folder set, or None.
-
-    Why: inductor keys its cache by the code and torch's version, not by the
-    environment ``runtime.numerics`` pins (``ATEN_CPU_CAPABILITY``, oneDNN's ISA). A
-    step compiled under ``BAYESAVG_NUMERICS=portable`` and reused under ``native``
-    aborted the process, and a stale entry segfaulted one (tests/test_compile.py)."""
-    env = os.environ if environ is None else environ
-    if env.get(CACHE_ENV):
-        return None
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    isa = env.get("ATEN_CPU_CAPABILITY") or "native"
-    env[CACHE_ENV] = folder = os.path.join(default_cache_dir(), f"bayesavg-{isa}")
-    return folder
-
-
 class CompiledStep:
     """The compiled view of ``module`` that steps call, and the shapes it has compiled."""
 
     def __init__(self, module: nn.Module) -> None:
-        keyed_cache_dir()  # before inductor first reads it
         import torch._dynamo  # only a compiled run pays for it
         import torch._inductor.config
 

@@ -473,12 +473,14 @@ def test_the_speed_parts_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
     """--speed --device cpu --quick (about 30 s): eager and graph-ready steps timed."""
     _, lines, saved = gpu_check(tmp_path / "s.json", "--speed", "--device", "cpu", "--quick")
     names = ["environment", "speed.preresnet20", "speed.wideresnet28x10", "speed.preresnet164"]
-    assert [next(iter(line)) for line in lines] == names
+    assert [next(iter(line)) for line in lines] == [*names, "throughput.resnet50"]
     for name in names[1:]:
         found = saved[name]
         assert "error" not in found and "failed" not in found, found
         assert found["images_per_s"]["eager"] > 0 and found["over_eager"]["graphs"] > 0
         assert "compiled" in found["skipped"]
+    resnet = saved["throughput.resnet50"]
+    assert set(resnet["images_per_s"]) == {"ours", "bare_pytorch"}, resnet
 
 
 def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:

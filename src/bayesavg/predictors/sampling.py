@@ -110,16 +110,12 @@ def _hwa_state(posterior: PosteriorFile, device: torch.device | str) -> HWA:
 
 
 def whole(
-    posterior: PosteriorFile,
-    device: torch.device | str,
-    base: torch.Tensor | None = None,
-    index: torch.Tensor | None = None,
+    posterior: PosteriorFile, device: torch.device | str, base: torch.Tensor | None = None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A vector of the parameters the posterior covers -> the network's whole weight
     vector, the rest taken from ``base`` (default: the file's theta). The identity for a
     posterior that covers everything (``posterior.params`` unset)."""
-    if index is None:
-        index = posterior.covered_index(device)
+    index = posterior.covered_index(device)
     if index is None:
         return lambda v: v
     rest = (posterior.theta if base is None else base).to(device)
@@ -188,8 +184,7 @@ def _member_wholes(
 ) -> list[Callable[[torch.Tensor], torch.Tensor]]:
     """Each member's ``whole``: its uncovered parameters are its own final weights."""
     assert posterior.samples is not None
-    index = posterior.covered_index(device)  # once for every member
-    return [whole(posterior, device, theta, index) for theta in posterior.samples["theta"]]
+    return [whole(posterior, device, theta) for theta in posterior.samples["theta"]]
 
 
 @sampler("multiswa")

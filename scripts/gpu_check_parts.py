@@ -25,6 +25,15 @@ from bayesavg.trajectories import compute_for, finetune, pretrain_members
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = NORMALISATION["cifar10"]
+# The networks the throughput parts train (name, kwargs), and their SGD settings.
+MODELS = {
+    "preresnet20": ("preresnet", {"depth": 20}),
+    "preresnet164": ("preresnet", {"depth": 164}),
+    "wideresnet28x10": ("wideresnet28x10", {}),
+    "resnet50": ("torchvision:resnet50", {}),  # issue 28: a user's ImageNet network
+}
+LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 0.0003
+Epoch = Callable[[], None]
 # Before the drift, the arithmetic: one batch's gradient from one LeNet-5 initialisation
 # on the CPU and on CUDA, both fp32 (cuDNN in IEEE fp32, not TF32: seeding.
 # deterministic_kernels), differ by rounding only, summed in another order: about 1e-6

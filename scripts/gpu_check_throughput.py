@@ -17,20 +17,21 @@ not fit the box.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import statistics
-import sys
 import traceback
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from gpu_check_parts import (
+    LR,
     MEAN,
+    MODELS,
+    MOMENTUM,
     STD,
+    WEIGHT_DECAY,
+    Epoch,
     Size,
     cifar_shaped,
     paced,
@@ -39,25 +40,20 @@ from gpu_check_parts import (
     rotation,
     timed,
 )
+from gpu_check_reference import _reference
 from gpu_check_runner import Context
 from torch import nn
 
 from bayesavg.config import Trajectory
 from bayesavg.models import build_model
 from bayesavg.training.augment import Augment, apply, draw_epoch
-from bayesavg.training.batches import TrainData, batches_per_epoch
+from bayesavg.training.batches import StreamedData, TrainData, batches_per_epoch
 from bayesavg.training.compiled import CompiledStep
 from bayesavg.training.graphs import GraphStep
 from bayesavg.training.precision import Precision
 from bayesavg.training.train import Compute, StepContext, train
 from bayesavg.trajectories import gradient
 
-MODELS = {
-    "preresnet20": ("preresnet", {"depth": 20}),
-    "preresnet164": ("preresnet", {"depth": 164}),
-    "wideresnet28x10": ("wideresnet28x10", {}),
-    "resnet50": ("torchvision:resnet50", {}),  # issue 28: a user's ImageNet network
-}
 # The input and the augmentation each network is trained with: CIFAR's crop (padding 4)
 # and flip at 32x32; torchvision's random resized crop and flip at 224x224 for ResNet-50.
 SHAPES = {"resnet50": (3, 224, 224)}
@@ -71,10 +67,6 @@ def shape_of(model_name: str) -> tuple[int, int, int]:
 
 def augment_of(model_name: str) -> Augment:
     return AUGMENTS.get(model_name, Augment(4, True))
-
-
-LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 0.0003
-Epoch = Callable[[], None]
 
 
 @contextlib.contextmanager
@@ -101,6 +93,7 @@ def _ours(
     size: Size,
     compile: bool = False,
     graphs: bool = False,
+    streamed: bool = False,
 ) -> Epoch:
     """One epoch of ``bayesavg.training.train.train`` with a SWAG trajectory's plan
     (``gradient.plan``: its step, optimizer and SWAG collector, snapshots timed by
@@ -108,7 +101,10 @@ def _ours(
     device, channels-last and autocast on CUDA. ``run_plan`` is not called: it adds a
     validation pass per epoch, work the bare loop does not do (see benchmarks/README.md).
     ``compile``: the step through ``torch.compile``; ``graphs``: the graph-ready step,
-    captured on CUDA; both made once, so the warm-up epoch compiles and captures."""
+    captured on CUDA; both made once, so the warm-up epoch compiles and captures.
+    ``streamed``: the images stay on the host and stream to the device as
+    ``data.storage: stream`` has them (``StreamedData``: prefetched, pinned, copied
+    non-blocking on a side stream)."""
     name, kwargs = MODELS[model_name]
     augment = augment_of(model_name)
     compute = Compute(device, prec, device.type == "cuda", augment=augment)
@@ -126,7 +122,9 @@ def _ours(
     plan = gradient.plan(traj, model, compute, ctx, len(y))
     collect = plan.collect
     assert collect is not None
-    data = TrainData(x.to(device), y.to(device), MEAN, STD, augment, compute.channels_last)
+    kind = StreamedData if streamed else TrainData
+    images = x if streamed else x.to(device)
+    data = kind(images, y.to(device), MEAN, STD, augment, compute.channels_last)
     per_epoch = batches_per_epoch(len(y), size.batch_size, True)
     shuffle = torch.Generator().manual_seed(0)
     epochs = itertools.count()
@@ -194,92 +192,17 @@ def _bare(model_name: str, device: torch.device, prec: Precision, x, y, size: Si
     return epoch
 
 
-def reference_package() -> types.ModuleType | str:
-    """The SWAG reference code (swa-gaussian, ``make bench-install``), or why not.
-
-    Its package imports gpytorch at the top for its covariance-based sampling only, and
-    names classes gpytorch removed in 1.9 (``gpytorch.lazy.RootLazyTensor``): absent here
-    (installed with --no-deps) and too new on GPU images. Empty stand-ins let ``import
-    swag`` succeed whatever gpytorch there is, and nothing used here touches them
-    (``utils.train_epoch``, ``SWAG.collect_model``); the real modules are put back."""
-    if importlib.util.find_spec("swag") is None:
-        return "swa-gaussian is not installed (make bench-install)"
-    names = ("gpytorch", "gpytorch.lazy", "gpytorch.distributions", "gpytorch.settings")
-    saved = {name: sys.modules.get(name) for name in names}
-    stubs = {name: types.ModuleType(name) for name in names}
-    for attr in ("RootLazyTensor", "DiagLazyTensor", "AddedDiagLazyTensor"):
-        setattr(stubs["gpytorch.lazy"], attr, None)
-    stubs["gpytorch.distributions"].MultivariateNormal = None  # type: ignore[attr-defined]
-    sys.modules.update(stubs)
-    try:
-        import swag
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                del sys.modules[name]
-            else:
-                sys.modules[name] = module
-    return swag
-
-
-def _reference(model_name: str, device: torch.device, x, y, size: Size) -> Epoch | str:
-    """The reference code's loop as its run_swag.py runs it: ``swag.utils.train_epoch`` over
-    a DataLoader of PIL images (as torchvision's CIFAR10 gives them) with the model's own
-    ``transform_train`` (Resize 32, RandomCrop 32 padding 4, RandomHorizontalFlip,
-    ToTensor, Normalize), shuffled, pinned memory, fp32, its own model classes
-    (``PreResNet`` depth 20, ``WideResNet28x10``), then ``SWAG.collect_model`` (rank 20).
-    Both models take no positional args: 0.1.9's ``SWAG(base, no_cov_mat, cov_mat_rank,
-    max_num_models, ...)`` would read them as its own options."""
-    swag = reference_package()
-    if isinstance(swag, str):
-        return swag
-    from PIL import Image
-
-    models = swag.models
-    if model_name.startswith("preresnet"):
-        base, args, kwargs = models.preresnet.PreResNet, [], MODELS[model_name][1]
-        transform = models.PreResNet56.transform_train  # the same for every depth
-    else:
-        cfg = models.WideResNet28x10
-        base, args, kwargs, transform = cfg.base, cfg.args, cfg.kwargs, cfg.transform_train
-    assert not args, args
-    model = base(num_classes=10, **kwargs).to(device)
-    collector = swag.posteriors.SWAG(
-        base, no_cov_mat=False, max_num_models=size.max_rank, num_classes=10, **kwargs
-    ).to(device)
-    images, labels = x.permute(0, 2, 3, 1).numpy(), y.tolist()
-
-    class Images(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return len(labels)
-
-        def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-            return transform(Image.fromarray(np.ascontiguousarray(images[i]))), labels[i]
-
-    loader = torch.utils.data.DataLoader(
-        Images(),
-        batch_size=size.batch_size,
-        shuffle=True,
-        num_workers=size.workers,
-        pin_memory=device.type == "cuda",
-        # fork, whatever Python's default (forkserver from 3.14): the local Dataset class
-        # cannot be pickled, and the workers do no CUDA work
-        multiprocessing_context="fork" if size.workers else None,
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
-
-    def epoch() -> None:
-        swag.utils.train_epoch(loader, model, swag.losses.cross_entropy, opt, device)
-        collector.collect_model(model)
-
-    return epoch
-
-
 GOALS = (
     ("bare_pytorch", "ours_over_bare", 0.95),
     ("reference_swag_code", "ours_over_reference", 3.0),
 )
-DETERMINISTIC = {"ours": True, "bare_pytorch": True, "reference_swag_code": False}
+DETERMINISTIC = {
+    "ours": True,
+    "ours_streamed": True,
+    "bare_pytorch": True,
+    "reference_swag_code": False,
+}
+STREAMED = ("resnet50",)  # ImageNet-sized images: where a split outgrows the device
 
 
 def _error(err: BaseException) -> dict[str, str]:
@@ -306,6 +229,11 @@ def _summary(head: dict[str, Any], n: int, seconds: dict[str, list[float]]) -> d
             out[key] = round(statistics.median(ratios), 3)
             out[f"{key}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
             out[f"{key}_goal_met"] = out[key] >= goal
+    pairs = list(zip(seconds.get("ours", []), seconds.get("ours_streamed", []), strict=False))
+    if pairs:  # images/s streamed over in memory: the copies hidden behind the compute
+        ratios = [a / b for a, b in pairs]
+        out["streamed_over_in_memory"] = round(statistics.median(ratios), 3)
+        out["streamed_over_in_memory_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
     return out
 
 
@@ -320,13 +248,22 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
         "ours": lambda: _ours(model_name, device, prec, x, y, size),
         "bare_pytorch": lambda: _bare(model_name, device, prec, x, y, size),
     }
+    if model_name in STREAMED:
+        builders["ours_streamed"] = lambda: _ours(
+            model_name, device, prec, x, y, size, streamed=True
+        )
     if model_name in REFERENCE_MODELS:
         builders["reference_swag_code"] = lambda: _reference(model_name, device, x, y, size)
     head: dict[str, Any] = {
         "images_per_epoch": len(y),
         "batch_size": size.batch_size,
         "rounds": size.rounds,
-        "precision": {"ours": prec.name, "bare_pytorch": prec.name, "reference_swag_code": "fp32"},
+        "precision": {
+            "ours": prec.name,
+            "ours_streamed": prec.name,
+            "bare_pytorch": prec.name,
+            "reference_swag_code": "fp32",
+        },
         "channels_last": device.type == "cuda",
         "deterministic_algorithms": DETERMINISTIC,
         "loader_workers_reference": size.workers,

@@ -48,6 +48,13 @@ def _met(ok: bool | None) -> str:
     return {True: "met", False: "**not met**", None: "no goal"}[ok]
 
 
+def _streamed(part: dict[str, Any] | None) -> str:
+    if part is None or "streamed_over_in_memory" not in part:
+        return "not run yet (`--speed`)"
+    low, high = part["streamed_over_in_memory_range"]
+    return f"{part['streamed_over_in_memory']:.2f}x [{low:.2f}, {high:.2f}]"
+
+
 def _throughput(found: dict[str, Any], model: str, versus: str) -> str:
     runs = [found[f"throughput.{model}"]]
     earlier = found.get("repeats", {}).get(f"throughput.{model}")
@@ -169,6 +176,11 @@ ROWS = (
             if "throughput.resnet50" in f
             else "not run yet (`--speed`)"
         ),
+    ),
+    (
+        "the same, images streamed from the host (`data.storage: stream`) / on the device",
+        ">= 0.95x",
+        lambda f: _streamed(f.get("throughput.resnet50")),
     ),
     (
         "30-sample SWAG evaluation / 30 x (BN pass + forward)",

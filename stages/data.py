@@ -8,6 +8,7 @@ def run() -> None:
     from bayesavg.data.prepared import prepare
     from bayesavg.data.pretrained_inputs import transforms_of
     from bayesavg.data.resize import resize_size_for
+    from bayesavg.seeding import resolve_device
 
     p = params()
     d = p.data
@@ -21,7 +22,16 @@ def run() -> None:
     logged = {"data": d.model_dump(), "model": {"weights": p.model.weights}}
     with tracked("data", p, logged) as mlrun:
         prepared = prepare(
-            d.dataset, d.raw_dir, PREPARED, p.seed, d.test_fraction, d.val_fraction, fit, normalise
+            d.dataset,
+            d.raw_dir,
+            PREPARED,
+            p.seed,
+            d.test_fraction,
+            d.val_fraction,
+            fit,
+            normalise,
+            d.storage,
+            resolve_device(p.device),
         )
         mark_outputs(mlrun, [MANIFEST])
         mlrun.log_datasets(prepared_datasets(MANIFEST))

@@ -122,14 +122,18 @@ def test_a_pretrained_torchvision_model_on_an_image_folder(tmp_path: Path) -> No
 
 
 def test_editing_the_factory_reruns_the_stages_that_build_the_model(tmp_path: Path) -> None:
+    """Also the data stage's streamed storage under DVC: training reads the arrays."""
     images = write_images(tmp_path / "images", per_class=6, size=16)
     model = {"factory": "networks.example:small_cnn", "options": {"width": 4}}
     raw = byo_params(default_params(), images, model)
     raw["data"]["augment"] = {"crop_padding": 2, "flip": True}
+    raw["data"]["storage"] = "stream"  # and the split streamed from a DVC-tracked array
     (tmp_path / "repo").mkdir()
     repo = make_repo(tmp_path / "repo", raw)
     environ = env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}")
     sh(repo, DVC, "repro", "finetune@swag", environ=environ)
+    manifest = json.loads((repo / "data/prepared/manifest.json").read_text())
+    assert manifest["storage"] == "stream" and (repo / "data/prepared/train.x.npy").is_file()
     post = load_posterior(repo / "models/swag/posterior.pt")
     assert post.model_name == "factory:networks.example:small_cnn"
     assert post.model_kwargs == {"width": 4} and post.collector is not None

@@ -61,6 +61,10 @@ HOST_FUNCTIONS = {
     "shift._scale": "a 2x2 matrix for _warp",
     "shift._random_signs": "drawn from a CPU generator (the same on any device), moved",
     "shift.corrupt": "the corruption's CPU generator (the same images on any device)",
+    "storage.read_array": "a memory-mapped file is host memory by nature; training copies "
+    "its batches to the device (batches.StreamedData)",
+    "storage.channel_stats_streamed": "the data stage's statistics of uint8 images on the "
+    "host, into a JSON manifest",
 }
 
 

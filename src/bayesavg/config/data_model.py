@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -37,6 +37,10 @@ class DataParams(_Section):
     image_size: PosInt | None = None
     resize_size: PosInt | None = None
     augment: AugmentParams = AugmentParams()
+    # memory: each split one .pt, on the device whole while training; stream: uint8
+    # .npy arrays memory-mapped and streamed to the device with prefetching; auto:
+    # stream when the training split exceeds a quarter of the RAM or GPU memory.
+    storage: Literal["auto", "memory", "stream"] = "auto"
 
     @model_validator(mode="after")
     def _check(self) -> DataParams:

@@ -1,16 +1,16 @@
-"""Each dataset as shipped, as in-memory uint8 tensors: the registry (mnist5k embedded,
-torchvision's downloads with their MD5 checks, image folders) and ``Split``, the tensors
-every other module passes around.
+"""Each dataset as shipped, as uint8 tensors: the registry (mnist5k embedded,
+torchvision's downloads with their MD5 checks, image folders, listed and decoded on
+demand) and ``Split``, the tensors every other module passes around.
 
-Training reads tensors from memory (no PIL, no DataLoader workers): the
-datasets here fit in memory, and indexing one tensor per batch is much
-faster than collating PIL images. How a source becomes the pipeline's
-train/val/test files is ``prepared``'s job.
+Training reads tensors (no PIL, no DataLoader workers): indexing one tensor per batch
+is much faster than collating PIL images. How a source becomes the pipeline's
+train/val/test files, in memory or memory-mapped, is ``prepared``'s job.
 """
 
 from __future__ import annotations
 
 import gzip
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,12 +131,49 @@ def _torchvision(name: str, raw_dir: Path) -> Source:
     return Source(splits[0], splits[1], num_classes)
 
 
-def load_imagefolder(
+@dataclass(frozen=True)
+class ImageFolder:
+    """An image folder listed, not decoded: each image is read when asked for, so a
+    folder larger than memory can be written out a chunk at a time (``storage``)."""
+
+    paths: list[str]
+    y: torch.Tensor
+    num_classes: int
+    channels: int
+    shape: tuple[int, int, int]  # (C, H, W) of every decoded image
+    fit: tuple[int, int] | None
+
+    def read(self, idx: Sequence[int]) -> np.ndarray:
+        """The images at ``idx`` as uint8 (n, C, H, W), C-contiguous: the same memory
+        layout whether they are held in memory or written to a streamed array, so that
+        reductions over them (the channel statistics) round alike."""
+        out = np.empty((len(idx), *self.shape), dtype=np.uint8)
+        for k, i in enumerate(idx):
+            out[k] = self._decode(self.paths[int(i)])
+        return out
+
+    def _decode(self, path: str) -> np.ndarray:
+        try:
+            with Image.open(path) as img:
+                img.load()
+                img = img.convert("L" if self.channels == 1 else "RGB")
+                if self.fit is not None:
+                    return _fitted(np.asarray(img, dtype=np.uint8), self.fit)
+                size = self.shape[1:]
+                if (img.height, img.width) != size:
+                    img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+                arr = np.asarray(img, dtype=np.uint8)
+        except (UnidentifiedImageError, OSError) as err:
+            raise UserError(f"imagefolder: cannot read image {path}: {err}") from None
+        return arr.reshape(size[0], size[1], -1).transpose(2, 0, 1)
+
+
+def list_imagefolder(
     directory: str | Path,
     channels: int | None = None,
     size: tuple[int, int] | None = None,
     fit: tuple[int, int] | None = None,
-) -> tuple[Split, int]:
+) -> ImageFolder:
     """Images under ``directory/<label>/``, labels 0..C-1 from the folder names.
 
     Images are converted to ``channels`` (1 or 3) and resized to ``size``
@@ -162,29 +199,36 @@ def load_imagefolder(
     )
     if not samples:
         raise UserError(f"imagefolder: no images ({', '.join(IMG_EXTENSIONS)}) under {root}")
-    images, targets = [], []
-    for path, label in samples:
-        try:
-            with Image.open(path) as img:
-                img.load()
-                if channels is None:
-                    channels = 1 if img.mode in ("1", "L", "I", "I;16", "F") else 3
-                img = img.convert("L" if channels == 1 else "RGB")
-                if fit is not None:
-                    images.append(_fitted(np.asarray(img, dtype=np.uint8), fit))
-                    targets.append(label)
-                    continue
-                if size is None:
-                    size = (img.height, img.width)
-                if (img.height, img.width) != tuple(size):
-                    img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-                arr = np.asarray(img, dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as err:
-            raise UserError(f"imagefolder: cannot read image {path}: {err}") from None
-        images.append(arr.reshape(size[0], size[1], -1).transpose(2, 0, 1))
-        targets.append(label)
-    x = torch.from_numpy(np.stack(images))
-    return Split(x, torch.tensor(targets, dtype=torch.int64)), len(names)
+    first = samples[0][0]
+    try:
+        with Image.open(first) as img:
+            if channels is None:
+                channels = 1 if img.mode in ("1", "L", "I", "I;16", "F") else 3
+            if size is None:
+                size = (img.height, img.width)
+    except (UnidentifiedImageError, OSError) as err:
+        raise UserError(f"imagefolder: cannot read image {first}: {err}") from None
+    shape = (channels, *size) if fit is None else (channels, fit[1], fit[1])
+    return ImageFolder(
+        [path for path, _ in samples],
+        torch.tensor([label for _, label in samples], dtype=torch.int64),
+        len(names),
+        channels,
+        shape,  # type: ignore[arg-type]
+        fit,
+    )
+
+
+def load_imagefolder(
+    directory: str | Path,
+    channels: int | None = None,
+    size: tuple[int, int] | None = None,
+    fit: tuple[int, int] | None = None,
+) -> tuple[Split, int]:
+    """A whole image folder decoded into memory (``list_imagefolder`` says how)."""
+    folder = list_imagefolder(directory, channels, size, fit)
+    x = torch.from_numpy(folder.read(range(len(folder.paths))))
+    return Split(x, folder.y), folder.num_classes
 
 
 def _fitted(arr: np.ndarray, fit: tuple[int, int]) -> np.ndarray:

@@ -1,15 +1,18 @@
 """The training split on the device and how an epoch cuts it into batches.
 
-The loop (``train``) takes either kind of split and asks it for a batch by index:
+The loop (``train``) asks a split for an epoch's batches in a given order:
 ``Tensors`` holds pre-normalised rows, ``TrainData`` keeps uint8 images and
-normalises (and augments) each batch. How many batches an epoch has, and which
+normalises (and augments) each batch, ``StreamedData`` reads them from a
+memory-mapped file and streams them to the device. How many batches an epoch has, and which
 share of each a rank takes, are decided here, once for every trajectory kind.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +37,29 @@ class Tensors:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[idx], self.y[idx]
 
+    def epoch(
+        self,
+        order: Order,
+        bounds: list[tuple[int, int]],
+        world: World | None,
+        draws: EpochDraws | None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+        return in_memory_epoch(self, order, bounds, world, draws)
+
+
+def in_memory_epoch(
+    data: Tensors | TrainData,
+    order: Order,
+    bounds: list[tuple[int, int]],
+    world: World | None,
+    draws: EpochDraws | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+    """An epoch's batches in ``order``: (inputs, labels, this rank's share of the batch)."""
+    for start, end in bounds:
+        idx = order.device[start:end]
+        local = shard(idx, world)
+        yield (*data.batch(local, draws), local.shape[0] / idx.shape[0])
+
 
 @dataclass(frozen=True)
 class TrainData:
@@ -57,7 +83,7 @@ class TrainData:
 
     def __post_init__(self) -> None:
         for name, values in (("_m", self.mean), ("_s", self.std)):
-            constant = torch.tensor(values, dtype=torch.float32, device=self.x.device)
+            constant = torch.tensor(values, dtype=torch.float32, device=self.y.device)
             object.__setattr__(self, name, constant.view(1, -1, 1, 1))
 
     def __len__(self) -> int:
@@ -72,16 +98,131 @@ class TrainData:
     def batch(
         self, idx: torch.Tensor, draws: EpochDraws | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.x[idx]
+        return self._finish(self.x[idx], idx, draws)
+
+    def _finish(
+        self, x: torch.Tensor, idx: torch.Tensor, draws: EpochDraws | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 images of ``idx`` on the device -> augmented, normalised inputs and labels."""
         if draws is not None:
             x = apply(x, draws.take(idx), self.augment)
         return self._normalise(x), self.y[idx]
 
     def inputs(self, batch_size: int = 4096) -> torch.Tensor:
         """The whole split normalised, not augmented (BatchNorm recomputation, monitoring)."""
+        device = self.y.device
         return torch.cat(
-            [self._normalise(self.x[i : i + batch_size]) for i in range(0, len(self), batch_size)]
+            [
+                self._normalise(self.x[i : i + batch_size].to(device))
+                for i in range(0, len(self), batch_size)
+            ]
         )
+
+    def epoch(
+        self,
+        order: Order,
+        bounds: list[tuple[int, int]],
+        world: World | None,
+        draws: EpochDraws | None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+        return in_memory_epoch(self, order, bounds, world, draws)
+
+
+@dataclass(frozen=True)
+class StreamedData(TrainData):
+    """The training split memory-mapped on the host (``data.storage``), streamed to the
+    device. On CUDA, ``prefetch`` batches ahead, ``workers`` threads gather each
+    batch's images from the file (page faults and memcpy in torch, outside the GIL)
+    into pinned memory and copy them on a side stream, non-blocking, while the GPU
+    trains on the batch before. On the CPU each batch is gathered when its turn comes.
+    Either way a batch then takes exactly the in-memory path's operations
+    (``TrainData._finish``): the same order, augmentation and normalisation, so the
+    posterior is bitwise the in-memory one (tested on the CPU).
+    """
+
+    prefetch: int = 4
+    workers: int | None = None  # None: 2 on CUDA, none (in turn) on the CPU
+
+    def batch(
+        self, idx: torch.Tensor, draws: EpochDraws | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, ready = self._fetch(idx.cpu())
+        self._wait(x, ready)
+        return self._finish(x, idx, draws)
+
+    def epoch(
+        self,
+        order: Order,
+        bounds: list[tuple[int, int]],
+        world: World | None,
+        draws: EpochDraws | None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+        workers = self.workers
+        if workers is None:
+            # Nothing to overlap on the CPU: no copy, and the page-cache reads are a
+            # memcpy. Worker threads there only fight torch's own threads for the cores
+            # (measured: benchmarks/streaming.py), so the batches are gathered in turn.
+            workers = 2 if self.y.device.type == "cuda" else 0
+        if workers == 0:
+            yield from in_memory_epoch(self, order, bounds, world, draws)
+            return
+        pending: deque[Future[tuple[torch.Tensor, torch.cuda.Event | None]]] = deque()
+        hosts = [shard(order.host[start:end], world) for start, end in bounds]
+        with ThreadPoolExecutor(workers, thread_name_prefix="stream") as pool:
+            ahead = iter(hosts)
+            for (start, end), _ in zip(bounds, hosts, strict=True):
+                while len(pending) < self.prefetch and (nxt := next(ahead, None)) is not None:
+                    pending.append(pool.submit(self._fetch, nxt))
+                x, ready = pending.popleft().result()
+                self._wait(x, ready)
+                idx = order.device[start:end]
+                local = shard(idx, world)
+                yield (*self._finish(x, local, draws), local.shape[0] / idx.shape[0])
+
+    def _fetch(self, host_idx: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """One batch's uint8 images gathered from the file and sent to the device."""
+        x = torch.index_select(self.x, 0, host_idx)
+        device = self.y.device
+        if device.type != "cuda":
+            return x.to(device), None
+        stream = _copy_stream(device)
+        with torch.cuda.stream(stream):
+            x = x.pin_memory().to(device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        return x, ready
+
+    def _wait(self, x: torch.Tensor, ready: torch.cuda.Event | None) -> None:
+        """The compute stream waits for the copy (no host sync); the batch's memory is
+        not reused before the compute stream is done with it."""
+        if ready is not None:
+            current = torch.cuda.current_stream(x.device)
+            current.wait_event(ready)
+            x.record_stream(current)
+
+
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for the host-to-device copies, shared by the workers."""
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return _COPY_STREAMS[device]
+
+
+@dataclass(frozen=True)
+class Order:
+    """An epoch's permutation on the host (streaming gathers from the file with it) and
+    on the device (labels and augmentation draws are indexed there)."""
+
+    host: torch.Tensor
+    device: torch.Tensor
+
+
+def epoch_bounds(n: int, batch_size: int, iters: int) -> list[tuple[int, int]]:
+    """[start, end) of each batch in an epoch's order: the last takes the remainder."""
+    return [(b * batch_size, (b + 1) * batch_size if b < iters - 1 else n) for b in range(iters)]
 
 
 def batches_per_epoch(n: int, batch_size: int, batch_norm: bool = False) -> int:

@@ -4,7 +4,8 @@ A *step* computes the gradients of whatever the optimizer holds and returns
 the detached loss and logits: plain SGD here; SAM and SVI steps reuse the
 same loop. Everything that makes a run fast at scale lives here and in
 ``batches``, once, for every trajectory kind (``Compute``): the training
-split stays on the device as uint8 and is augmented per batch (``augment``),
+split stays on the device as uint8 (or streams there from a memory-mapped
+file, ``batches.StreamedData``) and is augmented per batch (``augment``),
 forward and loss run under autocast (``precision``), conv nets train
 channels-last, and under torchrun each rank takes a deterministic share of
 every global batch (``batches.shard``) and gradients are averaged across
@@ -30,7 +31,7 @@ from tqdm.auto import tqdm
 from ..runtime.errors import UserError
 from ..seeding import derive_seed
 from .augment import Augment, draw_epoch
-from .batches import Tensors, TrainData, batches_per_epoch, check_shards, shard
+from .batches import Order, Tensors, TrainData, batches_per_epoch, check_shards, epoch_bounds
 from .batchnorm import bn_modules
 from .compiled import CompiledStep
 from .distributed import World
@@ -273,6 +274,7 @@ def train(
         raise UserError(f"{desc}: one training example cannot train a BatchNorm network")
     iters_per_epoch = batches_per_epoch(n, batch_size, batch_norm)
     check_shards(n, batch_size, iters_per_epoch, 1 if world is None else world.size, batch_norm)
+    bounds = epoch_bounds(n, batch_size, iters_per_epoch)
     augment = isinstance(train_data, TrainData) and train_data.augment.active
     device = train_data.y.device
     if val_data is not None:
@@ -299,7 +301,8 @@ def train(
     for epoch in bar:
         started = time.perf_counter()
         model.train()
-        order = torch.randperm(n, generator=generator).to(device)
+        host = torch.randperm(n, generator=generator)
+        order = Order(host, host.to(device))
         draws = None
         if augment:
             assert isinstance(train_data, TrainData)
@@ -312,12 +315,8 @@ def train(
         if graph is not None:
             graph.new_epoch()
             loss_sum, correct = graph.loss_sum, graph.correct
-        for b in range(iters_per_epoch):
-            end = (b + 1) * batch_size if b < iters_per_epoch - 1 else n
-            idx = order[b * batch_size : end]
-            local = shard(idx, world)
-            xb, yb = train_data.batch(local, draws)
-            ctx.weight = local.shape[0] / idx.shape[0]
+        for xb, yb, share in train_data.epoch(order, bounds, world, draws):
+            ctx.weight = share
             rate = lr(iteration)
             if graph is not None:
                 graph(xb, yb, rate)

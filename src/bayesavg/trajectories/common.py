@@ -15,7 +15,7 @@ from ..models import build_model
 from ..posteriors.file import PosteriorFile, load_theta
 from ..seeding import derive_seed
 from ..training.augment import Augment
-from ..training.batches import Tensors, TrainData
+from ..training.batches import StreamedData, Tensors, TrainData
 from ..training.distributed import World
 from ..training.precision import precision_for
 from ..training.train import Compute
@@ -60,11 +60,13 @@ def tensors(split: Split, prepared: Prepared, device: torch.device) -> Tensors:
 
 
 def train_data(prepared: Prepared, compute: Compute) -> TrainData:
-    """The training split on the device as uint8, normalised per batch."""
+    """The training split as uint8, normalised per batch: on the device whole, or
+    streamed from its memory-mapped file when the data stage stored it so."""
     m = prepared.manifest
     split = prepared.train
-    return TrainData(
-        split.x.to(compute.device),
+    streamed = m.get("storage") == "stream"
+    return (StreamedData if streamed else TrainData)(
+        split.x if streamed else split.x.to(compute.device),
         split.y.to(compute.device),
         m["mean"],
         m["std"],

@@ -1,0 +1,250 @@
+"""More images than memory (issue "Bring your own network and data" §4): the data stage
+writes the splits as memory-mapped uint8 arrays, training streams them with prefetching,
+and a split that fits both ways gives bitwise the same posterior either way."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from pipeline_repo import prune_landscape
+from test_byo_pipeline import write_images
+
+from bayesavg.config import parse_params
+from bayesavg.data import storage
+from bayesavg.data.prepared import channel_stats, load_prepared, prepare
+from bayesavg.runtime.errors import UserError
+from bayesavg.training.batches import StreamedData, TrainData
+from bayesavg.trajectories import finetune, pretrain_members
+from bayesavg.trajectories.common import compute_for, train_data
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+MNIST = ("mnist5k", 0, 0.2, 0.1)
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """mnist5k prepared both ways; chunks of 700 images, so that writes cross chunks."""
+    root = tmp_path_factory.mktemp("storage")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(storage, "CHUNK", 700)
+        return {
+            kind: prepare(*MNIST[:1], root / "raw", root / kind, *MNIST[1:], storage=kind)
+            for kind in ("memory", "stream")
+        } | {"root": root}
+
+
+def test_stream_writes_npy_arrays_with_the_memory_splits_and_manifest(
+    both: dict[str, Any],
+) -> None:
+    memory, stream, root = both["memory"], both["stream"], both["root"]
+    assert sorted(p.name for p in (root / "stream").iterdir()) == [
+        "manifest.json",
+        *(f"{s}.{a}.npy" for s in ("test", "train", "val") for a in ("x", "y")),
+    ]
+    m, s = copy.deepcopy(memory.manifest), copy.deepcopy(stream.manifest)
+    assert s.pop("storage") == "stream" and "storage" not in m
+    for name in ("train", "val", "test"):
+        ms, ss = m["splits"].pop(name), s["splits"].pop(name)
+        assert (ss["file"], ss["labels"]) == (f"{name}.x.npy", f"{name}.y.npy")
+        assert (ss["n"], ss["per_class"]) == (ms["n"], ms["per_class"])
+    assert s == m  # mean and std included: the same bits
+    loaded = load_prepared(root / "stream")
+    for name in ("train", "val", "test"):
+        a, b = getattr(memory, name), getattr(loaded, name)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    array = np.load(root / "stream" / "train.x.npy", mmap_mode="r")
+    assert array.dtype == np.uint8 and array.shape == tuple(memory.train.x.shape)
+
+
+def test_a_streamed_split_is_memory_mapped_not_read(both: dict[str, Any]) -> None:
+    """The images' memory is a mapping of the file (``/proc/self/maps``), not a copy."""
+    path = both["root"] / "stream" / "train.x.npy"
+    x = load_prepared(both["root"] / "stream").train.x
+    ptr = x.data_ptr()
+    mapped = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5] == str(path):
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            mapped.append(start <= ptr < end)
+    assert any(mapped)
+
+
+def test_a_tampered_or_truncated_streamed_split_is_one_line(
+    both: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "prepared"
+    shutil.copytree(both["root"] / "stream", copy)
+    array = np.load(copy / "val.x.npy", mmap_mode="r+")
+    array[0, 0, 0, 0] ^= 1
+    array.flush()
+    del array
+    with pytest.raises(UserError, match=r"val\.x\.npy does not match its manifest checksum"):
+        load_prepared(copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["splits"]["val"]["n"] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match=r"val\.x\.npy holds \d+ images, its manifest \d+"):
+        load_prepared(copy, verify=False)
+
+
+def test_auto_streams_when_the_split_exceeds_a_quarter_of_ram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(storage, "host_memory", lambda: 4000)
+    assert storage.choose("auto", 1000, CPU) == "memory"
+    assert storage.choose("auto", 1001, CPU) == "stream"
+    assert storage.choose("memory", 10**9, CPU) == "memory"
+    assert storage.choose("stream", 1, CPU) == "stream"
+
+
+def test_auto_counts_the_gpu_memory_when_training_on_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(storage, "host_memory", lambda: 10**12)
+    monkeypatch.setattr(storage, "device_memory", lambda d: 8000 if d.type == "cuda" else None)
+    assert storage.choose("auto", 2001, torch.device("cuda")) == "stream"
+    assert storage.choose("auto", 2001, CPU) == "memory"
+
+
+def test_histogram_stats_agree_with_the_in_memory_stats() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (37, 3, 9, 11), dtype=torch.uint8, generator=gen)
+    x[:, 1] //= 3
+    mean, std = channel_stats(x)
+    h_mean, h_std = storage.channel_stats_streamed(x)
+    assert np.allclose(h_mean, mean, rtol=1e-12, atol=0)
+    assert np.allclose(h_std, std, rtol=1e-12, atol=0)
+
+
+def test_a_split_larger_than_memory_gets_histogram_stats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streamed with too little RAM for float64 stats: never materialised whole."""
+    import bayesavg.data.prepared as prepared_module
+
+    images = write_images(tmp_path / "images", per_class=6, size=16)
+    monkeypatch.setattr(prepared_module, "host_memory", lambda: 100)
+    monkeypatch.setattr(prepared_module, "channel_stats", lambda x: pytest.fail("stats in memory"))
+    out = prepare(
+        f"imagefolder:{images}", tmp_path / "raw", tmp_path / "p", 0, 0.2, 0.2, storage="stream"
+    )
+    assert out.manifest["storage"] == "stream" and len(out.manifest["mean"]) == 3
+
+
+def test_an_imagefolder_is_streamed_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoded a chunk at a time into the array, never whole; the same images as in memory."""
+    from bayesavg.data.datasets import ImageFolder
+
+    images = write_images(tmp_path / "images", per_class=10, size=20)
+    memory = prepare(f"imagefolder:{images}", tmp_path / "raw", tmp_path / "m", 0, 0.2, 0.2)
+    largest = []
+    read = ImageFolder.read
+
+    def counted(self: ImageFolder, idx: Any) -> np.ndarray:
+        out = read(self, idx)
+        largest.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(ImageFolder, "read", counted)
+    monkeypatch.setattr(storage, "CHUNK", 4)
+    stream = prepare(
+        f"imagefolder:{images}", tmp_path / "raw", tmp_path / "s", 0, 0.2, 0.2, storage="stream"
+    )
+    assert max(largest) == 4
+    for name in ("train", "val", "test"):
+        a, b = getattr(memory, name), getattr(stream, name)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert stream.manifest["mean"] == memory.manifest["mean"]
+
+
+def _params(augment: dict[str, Any]) -> Any:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["model"] = {"name": "lenet5"}
+    raw["data"]["augment"] = augment
+    raw["pretrain"].update(epochs=1, batch_size=100, members=1)
+    raw["finetune"] = {
+        "s": {
+            "start": "pretrain",
+            "epochs": 2,
+            "batch_size": 64,
+            "momentum": 0.9,
+            "collect": {"start_epoch": 0, "every": 5, "max_rank": 4},
+        }
+    }
+    raw["evaluate"]["predictors"] = {"s": {"swag": {"method": "swag"}}}
+    raw["evaluate"]["plane"]["trajectories"] = []
+    raw["evaluate"]["dswag_sweep"]["workers"] = []
+    prune_landscape(raw)
+    return parse_params(raw)
+
+
+def test_streaming_trains_bitwise_the_in_memory_posterior(both: dict[str, Any]) -> None:
+    """Pretraining and a SWAG trajectory (crop and flip drawn per epoch, a last batch
+    of the remainder) from the in-memory and the streamed split: every byte equal."""
+    params = _params({"crop_padding": 2, "flip": True})
+    assert isinstance(train_data(both["stream"], compute_for(params, CPU)), StreamedData)
+    memory_data = train_data(both["memory"], compute_for(params, CPU))
+    assert type(memory_data) is TrainData
+    out = {}
+    for kind in ("memory", "stream"):
+        torch.manual_seed(0)
+        start = pretrain_members(params, both[kind], CPU)
+        run = finetune(params, "s", both[kind], start.posterior, CPU)
+        out[kind] = (start, run)
+    (start_m, run_m), (start_s, run_s) = out["memory"], out["stream"]
+    assert torch.equal(start_m.posterior.theta, start_s.posterior.theta)
+    a, b = run_m.posterior, run_s.posterior
+    assert torch.equal(a.theta, b.theta)
+    assert a.collector is not None and b.collector is not None
+    assert sorted(a.collector) == sorted(b.collector)
+    for key, value in a.collector.items():
+        same = (
+            torch.equal(value, b.collector[key])
+            if torch.is_tensor(value)
+            else value == b.collector[key]
+        )
+        assert same, key
+    drop = {"seconds"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in run_m.history] == [
+        {k: v for k, v in r.items() if k not in drop} for r in run_s.history
+    ]
+
+
+def test_streamed_batches_come_in_order_however_many_are_prefetched(
+    both: dict[str, Any],
+) -> None:
+    from bayesavg.training.batches import Order, epoch_bounds
+
+    prepared = both["stream"]
+    m = prepared.manifest
+    n = len(prepared.train)
+    host = torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    order, bounds = Order(host, host), epoch_bounds(n, 97, -(-n // 97))
+    memory = TrainData(both["memory"].train.x, both["memory"].train.y, m["mean"], m["std"])
+    expected = list(memory.epoch(order, bounds, None, None))
+    for prefetch, workers in ((1, None), (1, 1), (4, 2), (16, 4)):
+        streamed = StreamedData(
+            prepared.train.x,
+            prepared.train.y,
+            m["mean"],
+            m["std"],
+            prefetch=prefetch,
+            workers=workers,
+        )
+        got = list(streamed.epoch(order, bounds, None, None))
+        assert len(got) == len(expected)
+        for (x, y, w), (ex, ey, ew) in zip(got, expected, strict=True):
+            assert torch.equal(x, ex) and torch.equal(y, ey) and w == ew

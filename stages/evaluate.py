@@ -135,6 +135,9 @@ def predict(
             world=on,
             precision=precision_for(p.precision, device),
             temperature=temperature,
+            # An ensemble's calibrated NLL by members: what every predictor's deep-ensemble
+            # equivalent is read against (the report's calibration section).
+            calibrate=("val", "test") if pred.method == "ensemble" and "test" in splits else None,
         )
 
     if pred.temperature is not None and name not in TEMPERATURES:
@@ -209,6 +212,7 @@ def _args(p: Params) -> tuple[str, list[str]]:
 
 def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.device) -> None:
     """Rank 0's part for one predictor: its run, the BMA, sharpness, its files."""
+    from bayesavg.evaluation.calibrated import calibrated_metrics
     from bayesavg.evaluation.evaluate import bn_subset, method_of, needs_bn_data
     from bayesavg.predict import MODEL_CODE, PredictorConfig
     from bayesavg.predictors.sampling import sigma_ratio
@@ -272,6 +276,13 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
             metrics["sigma_ratio"] = spread
         if name in TEMPERATURES:
             metrics["temperature"] = TEMPERATURES[name]
+        metrics["calibrated"] = calibrated_metrics(
+            results["val"].log_probs,
+            found.splits["val"][1],
+            result.log_probs,
+            data.test.y,
+            e.ece_bins,
+        )
         write_json(files.metrics, metrics)
         write_csv(files.reliability, result.reliability.rows())
         write_csv(files.samples, result.by_samples)
@@ -296,6 +307,11 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
                 **_prefixed("val/", results["val"].metrics),
                 **_prefixed("sigma_ratio/", spread or {}),
                 **({"temperature": TEMPERATURES[name]} if name in TEMPERATURES else {}),
+                **{
+                    f"calibrated/{k}": v
+                    for k, v in metrics["calibrated"].items()
+                    if isinstance(v, float)
+                },
                 **{f"shift/{k}/{m}": v for k, row in shift.items() for m, v in row.items()},
                 **{
                     f"ood/{spec}/{score}/{m}": v

@@ -18,7 +18,9 @@ def _case(seed: int, n: int = 300, k: int = 4, shift: float = 0.0) -> tuple[torc
     return torch.log_softmax(logits_a, 1), torch.log_softmax(logits_b, 1), y
 
 
-@pytest.mark.parametrize("metric", ["accuracy", "nll", "brier", "ece"])
+@pytest.mark.parametrize(
+    "metric", ["accuracy", "nll", "brier", "ece", "aurc", "augrc", "risk_at_90", "risk_at_95"]
+)
 def test_bootstrap_equals_resampling_by_hand(metric: str) -> None:
     """Each resample's difference equals the metric recomputed on the resampled points."""
     a, b, y = _case(1)
@@ -95,9 +97,12 @@ def test_bad_input_is_one_clear_error() -> None:
         paired_bootstrap("nll", a, b, y[:-1])
 
 
-@pytest.mark.parametrize("metric", ["accuracy", "nll", "brier", "ece"])
+@pytest.mark.parametrize(
+    "metric", ["accuracy", "nll", "brier", "ece", "aurc", "augrc", "risk_at_90", "risk_at_95"]
+)
 def test_single_bootstrap_equals_resampling_by_hand(metric: str) -> None:
-    """A predictor's own interval: the metric recomputed on each resample, percentiles."""
+    """A predictor's own interval: the metric recomputed on each resample, percentiles;
+    for ECE shifted by the resamples' median bias (ALGORITHMS §10)."""
     a, _, y = _case(6)
     resamples, seed = 40, 2
     got = bootstrap(metric, a, y, resamples=resamples, seed=seed, level=0.9)
@@ -107,6 +112,9 @@ def test_single_bootstrap_equals_resampling_by_hand(metric: str) -> None:
         values.append(float(FULL[metric](a[idx], y[idx])))
     brute = torch.tensor(values, dtype=torch.float64)
     low, high = torch.quantile(brute, torch.tensor([0.05, 0.95], dtype=torch.float64))
+    if metric == "ece":
+        shift = float(torch.quantile(brute, 0.5)) - float(FULL[metric](a, y))
+        low, high = low - shift, high - shift
     assert got.low == pytest.approx(float(low), abs=1e-12)
     assert got.high == pytest.approx(float(high), abs=1e-12)
     assert got.value == pytest.approx(float(FULL[metric](a, y)), abs=1e-15)

@@ -8,15 +8,26 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .config.methods import REGISTRY
 from .runtime import numerics
 from .runtime.entry import run_entry
 from .runtime.errors import UserError
 
+if TYPE_CHECKING:
+    import torch
+
+    from .data.datasets import Split
+    from .evaluation.evaluate import Evaluation
+    from .posteriors.file import PosteriorFile
+
 log = logging.getLogger("bayesavg")
+# The methods --temperature applies to: one network (the pipeline's config has the same rule).
+SINGLE = tuple(m.name for m in REGISTRY.values() if m.samples == "one")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,7 +94,64 @@ def _parser() -> argparse.ArgumentParser:
         help="score out-of-distribution inputs against the test split: animal_mnist, a dataset "
         "name (its test split) or imagefolder:<DIR>; repeatable; results under ood.<SPEC>",
     )
+    ev.add_argument(
+        "--temperature",
+        default=None,
+        metavar="T|fit",
+        help=f"temperature scaling of a single-network predictor ({', '.join(SINGLE)}), as "
+        "the pipeline's map_ts and swa_ts: its log-probabilities divided by T > 0 and "
+        "renormalised; 'fit': T fitted (NLL) on --val with the untempered predictor, as the "
+        "evaluate stage fits it; written as 'temperature'",
+    )
+    ev.add_argument(
+        "--val",
+        default=None,
+        metavar="DATA",
+        help="with --temperature fit: the set T is fitted on, as --data: a dataset name "
+        "(the validation split the posterior's data stage made) or imagefolder:<DIR> (all of it)",
+    )
     return parser
+
+
+def _temperature(args: argparse.Namespace) -> float | str | None:
+    """--temperature and --val checked before any work: None, a finite T > 0, or 'fit'.
+    As in the pipeline's config, only for a single network, where tempering the network
+    is tempering the predictive that T is fitted on."""
+    if args.val is not None and args.temperature != "fit":
+        raise UserError("--val: only used with --temperature fit")
+    if args.temperature is None:
+        return None
+    if args.predictor not in SINGLE:
+        raise UserError(
+            "--temperature: temperature scaling tempers one network's predictive; "
+            f"--predictor {args.predictor} averages several (use {', '.join(SINGLE)})"
+        )
+    if args.temperature == "fit":
+        if args.val is None:
+            raise UserError("--temperature fit: needs --val <DATA>, the set to fit T on")
+        return "fit"
+    try:
+        t = float(args.temperature)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and t > 0):
+        raise UserError(f"--temperature: 'fit' or a finite number > 0 (got {args.temperature!r})")
+    return t
+
+
+def _labelled(
+    spec: str, split: str, posterior: PosteriorFile, raw_dir: Path, fractions: tuple[Any, ...]
+) -> Split:
+    """The ``split`` of ``spec`` (``load_eval_split``), its labels within the posterior's."""
+    from .data.prepared import load_eval_split
+
+    data = load_eval_split(spec, raw_dir, posterior.input_shape, split, *fractions)
+    if data.y.max().item() >= posterior.num_classes:
+        raise UserError(
+            f"{spec} has labels up to {data.y.max().item()}, "
+            f"the posterior has {posterior.num_classes} classes"
+        )
+    return data
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -107,17 +175,16 @@ def _evaluate(args: argparse.Namespace) -> None:
         raise UserError(f"--scale: must be >= 0 (got {args.scale})")
     if not 0 < args.bn_update_fraction <= 1:
         raise UserError(f"--bn-update-fraction: must be in (0, 1] (got {args.bn_update_fraction})")
+    requested = _temperature(args)
     device = resolve_device(args.device)
     posterior = load_posterior(args.posterior)
     d = posterior.data
     split_args = (args.raw_dir, posterior.input_shape)
     fractions = (d["seed"], d["test_fraction"], d["val_fraction"], d.get("resize_size"))
-    test = load_eval_split(args.data, *split_args, "test", *fractions)
-    if test.y.max().item() >= posterior.num_classes:
-        raise UserError(
-            f"{args.data} has labels up to {test.y.max().item()}, "
-            f"the posterior has {posterior.num_classes} classes"
-        )
+    test = _labelled(args.data, "test", posterior, args.raw_dir, fractions)
+    val = None
+    if requested == "fit":
+        val = _labelled(args.val, "val", posterior, args.raw_dir, fractions)
     bn_x = None
     if not REGISTRY[args.predictor].own_buffers and posterior.has_batchnorm:
         train = load_eval_split(d["dataset"], *split_args, "train", *fractions)
@@ -142,20 +209,46 @@ def _evaluate(args: argparse.Namespace) -> None:
         )
         for spec in dict.fromkeys(args.ood)
     }
-    results = evaluate(
-        posterior,
-        args.predictor,
-        splits,
-        n_samples=args.samples,
-        scale=args.scale,
-        bn_x=bn_x,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        device=device,
-        ood=ood,
-    )
+
+    def run(
+        on: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        scored: dict[str, torch.Tensor],
+        t: float | None,
+    ) -> dict[str, Evaluation]:
+        return evaluate(
+            posterior,
+            args.predictor,
+            on,
+            n_samples=args.samples,
+            scale=args.scale,
+            bn_x=bn_x,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            device=device,
+            ood=scored,
+            temperature=t,
+        )
+
+    temperature = None if isinstance(requested, str) else requested
+    if val is not None:
+        # The stage's fit (stages/evaluate.py): the untempered predictor, with the same
+        # samples, seed and BN images, on the validation set alone; T minimises its NLL.
+        from .predictors.calibration import fit_temperature
+
+        val_x = posterior.model_input(val.x, device)
+        fitted = run({"val": (val_x, val.y)}, {}, None)["val"]
+        try:
+            temperature = fit_temperature(fitted.log_probs, val.y)
+        except ValueError as err:
+            raise UserError(f"--temperature fit on {args.val}: {err}") from None
+        log.info("temperature %r fitted on %s (%d images)", temperature, args.val, len(val))
+    results = run(splits, ood, temperature)
     result = results["test"]
     out: dict[str, object] = {**result.metrics, "predictor": args.predictor, "data": args.data}
+    if temperature is not None:
+        out["temperature"] = temperature
+        if val is not None:
+            out["temperature_fitted_on"] = args.val
     keys = ("accuracy", "nll", "ece", "brier", "entropy")
     if shifts:
         out["shift"] = {

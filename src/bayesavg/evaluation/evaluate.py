@@ -37,7 +37,8 @@ from ..seeding import derive_seed, isolated_rng
 from ..training.batchnorm import update_bn
 from ..training.distributed import World, in_client_order
 from ..training.precision import Precision
-from .metrics import Reliability, classification_metrics, reliability
+from .calibrated import calibrated_nll
+from .metrics import Reliability, classification_metrics, protocol_metrics, reliability
 from .ood import OODAccumulator, ood_metrics
 from .sharpness import hessian_trace, sam_sharpness
 
@@ -151,6 +152,7 @@ def evaluate(
     world: World | None = None,
     precision: Precision | None = None,
     temperature: float | None = None,
+    calibrate: tuple[str, str] | None = None,
 ) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
@@ -176,6 +178,11 @@ def evaluate(
     under its autocast; None is fp32, bitwise as before. ``temperature``: each sampled
     network's log-probabilities divided by T and renormalised (``calibration``); for a
     single-network method that is temperature scaling of the predictive.
+    ``calibrate`` (fit, target): after each sample s, the average of the first s is
+    tempered by its own T fitted on split ``fit`` and its NLL on split ``target`` is the
+    column ``nll_calibrated`` of the target's ``by_samples`` (NaN where the fit is
+    degenerate): an ensemble's calibrated NLL by members, which the deep-ensemble
+    equivalent reads (Ashukha et al. 2020).
 
     Randomness torch draws from its global stream (dropout masks: MC dropout,
     or a BN update of a network with dropout) comes from a stream of its own
@@ -247,8 +254,15 @@ def evaluate(
                 scorer.add(parts[key])
             logp = logp[: sum(sizes)]
         log_sum = logp.clone() if log_sum is None else torch.logaddexp(log_sum, logp)
-        for split, bma, y in zip(names, (log_sum - math.log(s)).split(sizes), ys, strict=True):
-            per_s[split].append(classification_metrics(bma, y, ece_bins))
+        bmas = dict(zip(names, (log_sum - math.log(s)).split(sizes), strict=True))
+        for split, y in zip(names, ys, strict=True):
+            per_s[split].append(classification_metrics(bmas[split], y, ece_bins))
+        if calibrate is not None:
+            fit, target = calibrate
+            labels = dict(zip(names, ys, strict=True))
+            per_s[target][-1]["nll_calibrated"] = calibrated_nll(
+                bmas[fit], labels[fit], bmas[target], labels[target]
+            )
         progress.update()
 
     shape = (x_all.shape[0], posterior.num_classes)
@@ -297,6 +311,8 @@ def _summarise(
         {"samples": s, **dict(zip(keys, vals, strict=True))} for s, vals in enumerate(table, 1)
     ]
     metrics: dict[str, float] = dict(zip(keys, table[-1], strict=True))
+    extra = protocol_metrics(bma, y, ece_bins)
+    metrics.update(zip(extra, torch.stack(list(extra.values())).tolist(), strict=True))
     metrics["n"] = int(y.shape[0])
     metrics["n_samples"] = total
     return Evaluation(metrics, reliability(bma, y, ece_bins), by_samples, bma.cpu())

@@ -81,6 +81,35 @@ def ece(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int = 20) -> torch.Ten
     return reliability(log_probs, y, n_bins).ece()
 
 
+def adaptive_ece(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int = 20) -> torch.Tensor:
+    """ECE over ``n_bins`` equal-mass bins of confidence (ALGORITHMS §11): the points
+    sorted by confidence (ties by index) and cut into near-equal contiguous groups, so no
+    bin is empty and none holds most of the points."""
+    probs = log_probs.double().exp()
+    conf, pred = probs.max(dim=1)
+    order = torch.sort(conf, stable=True).indices
+    correct = (pred == y).double()[order]
+    total = torch.zeros((), dtype=torch.float64, device=probs.device)
+    for part in torch.arange(order.numel(), device=probs.device).tensor_split(n_bins):
+        if part.numel():
+            total = total + (correct[part].sum() - conf[order][part].sum()).abs()
+    return total / max(1, y.shape[0])
+
+
+def classwise_ece(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int = 20) -> torch.Tensor:
+    """Mean over classes c of the equal-width ECE of p(c) against 1[y = c] (ALGORITHMS
+    §11): every class's probability calibrated, not only the top one's."""
+    probs = log_probs.double().exp()
+    classes = probs.shape[1]
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=probs.device)
+    idx = (torch.bucketize(probs, edges, right=False) - 1).clamp(0, n_bins - 1)
+    member = torch.nn.functional.one_hot(idx, n_bins).double()  # (N, C, B)
+    hit = torch.nn.functional.one_hot(y, classes).double()
+    conf_sum = torch.einsum("nc,ncb->cb", probs, member)
+    hit_sum = torch.einsum("nc,ncb->cb", hit, member)
+    return (hit_sum - conf_sum).abs().sum(1).mean() / max(1, y.shape[0])
+
+
 def point_entropy(log_p: torch.Tensor) -> torch.Tensor:
     """-sum_k p_k log p_k over the last dim, from log-probabilities, in nats (0 log 0 = 0)."""
     terms = torch.where(torch.isneginf(log_p), 0.0, log_p.exp() * log_p)
@@ -103,4 +132,18 @@ def classification_metrics(
         "ece15": ece(log_probs, y, 15),
         "brier": brier(log_probs, y),
         "entropy": entropy(log_probs),
+    }
+
+
+def protocol_metrics(
+    log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int = 20
+) -> dict[str, torch.Tensor]:
+    """What issue 29's protocol adds for the final predictive (not per sample count):
+    adaptive and classwise ECE, and the selective-prediction metrics."""
+    from .selective import selective_metrics
+
+    return {
+        "ece_adaptive": adaptive_ece(log_probs, y, ece_bins),
+        "ece_classwise": classwise_ece(log_probs, y, ece_bins),
+        **selective_metrics(log_probs, y),
     }

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from ..evaluation.metrics import accuracy, brier, ece, nll
+from ..evaluation.selective import resampled as selective_resampled
+from ..evaluation.selective import selective_metrics
 
 PerPoint = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -40,13 +42,30 @@ def _brier(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 PER_POINT: dict[str, PerPoint] = {"accuracy": _correct, "nll": _nll, "brier": _brier}
+SELECTIVE = ("aurc", "augrc", "risk_at_90", "risk_at_95")
+
+
+def _selective(key: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    return lambda log_probs, y: selective_metrics(log_probs, y)[key]
+
+
 FULL: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "accuracy": accuracy,
     "nll": nll,
     "brier": brier,
     "ece": ece,
+    **{key: _selective(key) for key in SELECTIVE},
 }
-LOWER_IS_BETTER = {"accuracy": False, "nll": True, "brier": True, "ece": True}
+LOWER_IS_BETTER = {
+    "accuracy": False,
+    "nll": True,
+    "brier": True,
+    "ece": True,
+    **dict.fromkeys(SELECTIVE, True),
+}
+# Binned ECE's bootstrap is biased upwards (resampling adds bin noise), often so far
+# that the point falls below its percentile interval: its own interval is bias-corrected.
+BIASED = ("ece",)
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,8 @@ def _resampled(
     """The metric on every resample (a row of ``counts``) at once."""
     if metric == "ece":
         return _weighted_ece(log_probs, y, counts, ece_bins)
+    if metric in SELECTIVE:
+        return selective_resampled(log_probs, y, counts)[metric]
     return counts @ PER_POINT[metric](log_probs, y) / y.shape[0]
 
 
@@ -147,7 +168,9 @@ def _percentiles(values: torch.Tensor, level: float) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A metric of one predictor on all points, and its ``level`` percentile interval."""
+    """A metric of one predictor on all points, and its ``level`` interval: percentile,
+    or for a ``BIASED`` metric percentile shifted by the bootstrap's median bias
+    (``kind`` says which)."""
 
     metric: str
     value: float
@@ -155,6 +178,18 @@ class Estimate:
     high: float
     level: float
     resamples: int
+    kind: str = "percentile"
+
+
+def bias_corrected(value: float, resampled: torch.Tensor, level: float) -> tuple[float, float]:
+    """The percentile interval shifted by the bootstrap's median bias, median(θ*) - θ:
+    [θ + q_lo - m, θ + q_hi - m]. The point is inside it by construction (the median
+    lies between the quantiles), which neither BCa nor the basic interval guarantees: when
+    every resample exceeds the point, BCa's bias constant is infinite and the basic
+    interval 2θ - q lies wholly below θ."""
+    low, high = _percentiles(resampled, level)
+    shift = float(torch.quantile(resampled, 0.5)) - value
+    return low - shift, high - shift
 
 
 def bootstrap(
@@ -177,8 +212,12 @@ def bootstrap(
     if lp.shape[0] != y.shape[0]:
         raise ValueError(f"log-probabilities {tuple(lp.shape)} for {len(y)} labels")
     counts = resample_counts(y.shape[0], resamples, seed)
-    low, high = _percentiles(_resampled(metric, lp, y, counts, ece_bins), level)
-    return Estimate(metric, _full(metric, lp, y, ece_bins), low, high, level, resamples)
+    values, value = _resampled(metric, lp, y, counts, ece_bins), _full(metric, lp, y, ece_bins)
+    if metric in BIASED:
+        low, high = bias_corrected(value, values, level)
+        return Estimate(metric, value, low, high, level, resamples, "bias-corrected")
+    low, high = _percentiles(values, level)
+    return Estimate(metric, value, low, high, level, resamples)
 
 
 def mcnemar(correct_a: torch.Tensor, correct_b: torch.Tensor) -> float:

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from .inputs import PredictorResult, ReportInputs
-from .intervals import Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
+from .intervals import SELECTIVE, Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
 
-METRICS = ("accuracy", "nll", "ece", "brier")
+METRICS = ("accuracy", "nll", "ece", "brier", *SELECTIVE)
+CALIBRATED = ("nll", "ece", "brier")  # at each predictor's own temperature
 ECE_BINS = 20
 
 
@@ -76,6 +77,8 @@ class Uncertainty:
     settings: Settings
     estimates: dict[str, dict[str, Estimate]] = field(default_factory=dict)
     comparisons: dict[tuple[str, str], Comparison] = field(default_factory=dict)
+    calibrated: dict[str, dict[str, Estimate]] = field(default_factory=dict)
+    calibrated_vs_baseline: dict[str, Interval] = field(default_factory=dict)
     predictors: dict[str, PredictorResult] = field(default_factory=dict, repr=False, compare=False)
     requested: dict[tuple[str, str], Comparison | None] = field(
         default_factory=dict, repr=False, compare=False
@@ -105,6 +108,50 @@ def _tensors(p: PredictorResult) -> tuple[torch.Tensor, torch.Tensor] | None:
         torch.as_tensor(np.asarray(p.predictions.log_probs, dtype=np.float64)),
         torch.as_tensor(np.asarray(p.predictions.y, dtype=np.int64)),
     )
+
+
+def temperature_of(p: PredictorResult) -> float | None:
+    """The T fitted on validation for the calibrated metrics (``metrics.calibrated``)."""
+    found = p.metrics.get("calibrated")
+    t = found.get("temperature") if isinstance(found, dict) else None
+    return float(t) if isinstance(t, int | float) else None
+
+
+def tempered(p: PredictorResult) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The predictor's test log-probabilities at its own temperature, and the labels."""
+    found, t = _tensors(p), temperature_of(p)
+    if found is None or t is None:
+        return None
+    return torch.log_softmax(found[0] / t, dim=1), found[1]
+
+
+def calibrated_estimates(p: PredictorResult, s: Settings) -> dict[str, Estimate]:
+    """The calibrated metrics with intervals (the temperature held fixed: it was fitted on
+    validation, not on the test points resampled here)."""
+    found = tempered(p)
+    if found is None:
+        return {}
+    lp, y = found
+    return {m: bootstrap(m, lp, y, s.resamples, s.seed, s.level, ECE_BINS) for m in CALIBRATED}
+
+
+def calibrated_comparisons(inputs: ReportInputs, s: Settings) -> dict[str, Interval]:
+    """Each predictor's calibrated NLL against the calibrated baseline's, paired."""
+    by_name = {p.name: p for p in inputs.predictors}
+    base = by_name.get(inputs.baseline)
+    ref = tempered(base) if base is not None else None
+    if ref is None:
+        return {}
+    out = {}
+    for p in inputs.predictors:
+        cand = tempered(p)
+        if p is base or cand is None or cand[0].shape != ref[0].shape:
+            continue
+        if torch.equal(cand[1], ref[1]):
+            out[p.name] = paired_bootstrap(
+                "nll", ref[0], cand[0], ref[1], s.resamples, s.seed, s.level, ECE_BINS
+            )
+    return out
 
 
 def estimates(p: PredictorResult, s: Settings) -> dict[str, Estimate]:
@@ -183,4 +230,12 @@ def compute(inputs: ReportInputs) -> Uncertainty:
         for r, c in compared_pairs(inputs)
         if (comp := compare(r, c, s)) is not None
     }
-    return Uncertainty(s, found, comparisons, {p.name: p for p in inputs.predictors})
+    calibrated = {p.name: e for p in inputs.predictors if (e := calibrated_estimates(p, s))}
+    return Uncertainty(
+        s,
+        found,
+        comparisons,
+        calibrated,
+        calibrated_comparisons(inputs, s),
+        {p.name: p for p in inputs.predictors},
+    )

@@ -63,7 +63,10 @@ def metrics_note(predictors: list[PredictorResult], unc: Uncertainty) -> str:
     s = unc.settings
     text = (
         f"Each metric on the test split with its {100 * s.level:g}% percentile bootstrap "
-        f"interval in brackets ({s.resamples} resamples of the test points, seed {s.seed}). "
+        f"interval in brackets ({s.resamples} resamples of the test points, seed {s.seed}); "
+        "ECE's interval is bias-corrected (the percentile interval shifted by the "
+        "resamples' median bias: binned ECE's bootstrap sits above the point, "
+        "ALGORITHMS §10), so every value lies inside its own interval. "
         "Bold: the best value of the column, not necessarily better beyond noise (see "
         "Comparisons)."
     )

@@ -58,13 +58,20 @@ class Inputs(NamedTuple):
     subset: Split
     listed: list[Shift]
     ood: dict[str, torch.Tensor]
+    official: list[str]  # the shifts taken from published arrays (CIFAR-10-C), not generated
 
 
 def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
     """The prepared data, the posterior, BN images, splits (test, val, shifted test) and
     OOD images for the predictors of ``trajectory``, model-ready on ``device``. The BN
     images are loaded when the model has BatchNorm and some predictor recomputes it."""
-    from bayesavg.data.extra_sets import ood_images, shift_subset, shifted
+    from bayesavg.data.extra_sets import (
+        official_cifar_c,
+        ood_images,
+        shift_subset,
+        shifted,
+        subset_positions,
+    )
     from bayesavg.data.prepared import load_prepared
     from bayesavg.data.shift import shifts
     from bayesavg.evaluation.evaluate import bn_subset, needs_bn_data
@@ -83,8 +90,13 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
         for split, part in (("test", data.test), ("val", data.val))
     }
     subset = shift_subset(data.test, e.shift.n_points, p.seed)
-    listed = shifts(e.shift.angles, e.shift.corruptions, e.shift.severity)
-    for shift_name, images in shifted(subset.x, listed, p.seed).items():
+    sh = e.shift
+    listed = shifts(sh.angles, sh.corruptions, sh.severity, sh.cifar_c, sh.cifar_c_severities)
+    official, served = None, []
+    if any(s.cifar_c is not None for s in listed):  # only then load cifar_c (and scipy)
+        at = subset_positions(len(data.test), sh.n_points, p.seed)
+        official, served = official_cifar_c(p.data.raw_dir, p.data.dataset, p.seed, data.test, at)
+    for shift_name, images in shifted(subset.x, listed, p.seed, official).items():
         splits[f"shift.{shift_name}"] = (posterior.model_input(images, device), subset.y)
     fractions = (p.seed, p.data.test_fraction, p.data.val_fraction)
     ood = {
@@ -96,7 +108,7 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
         )
         for spec in e.ood.sets
     }
-    return Inputs(data, posterior, bn_x, splits, subset, listed, ood)
+    return Inputs(data, posterior, bn_x, splits, subset, listed, ood, served)
 
 
 def posterior_path(trajectory: str) -> Path:
@@ -276,6 +288,9 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
             metrics["sigma_ratio"] = spread
         if name in TEMPERATURES:
             metrics["temperature"] = TEMPERATURES[name]
+        cifar_c = [s.name for s in listed if s.cifar_c is not None]
+        if cifar_c:  # which CIFAR-10-C images these are: the benchmark's, or generated
+            metrics["cifar_c_official"] = [n for n in cifar_c if n in found.official]
         metrics["calibrated"] = calibrated_metrics(
             results["val"].log_probs,
             found.splits["val"][1],

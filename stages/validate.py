@@ -15,7 +15,13 @@ from bayesavg.runtime.io import write_json
 def run() -> None:
     shift = params().evaluate.shift
     try:
-        shifts(shift.angles, shift.corruptions, shift.severity)
+        shifts(
+            shift.angles,
+            shift.corruptions,
+            shift.severity,
+            shift.cifar_c,
+            shift.cifar_c_severities,
+        )
     except ValueError as err:
         raise UserError(f"params.yaml: evaluate.shift: {err}") from None
     write_json(RUNS / "validate.json", {"params": "valid"})

@@ -371,7 +371,7 @@ def test_user_errors_exit_2_with_one_line(
     elif case in ("swag_without_collector", "swa_without_collector"):
         posterior, predictor = tiny_posteriors.plain, case.split("_")[0]
     elif case == "unknown_data":
-        data = "svhn"
+        data = "stl10"
     elif case == "too_many_classes":
         data = f"imagefolder:{imagefolder_factory(num_classes=12, per_class=1, name='twelve')}"
     elif case == "offline_download":

@@ -189,7 +189,7 @@ def test_load_eval_split_matches_the_data_stage(mnist5k_prepared: PreparedDir) -
 
 def test_load_eval_split_rejects_unknown_spec() -> None:
     with pytest.raises(UserError, match="imagefolder:<DIR>") as err:
-        load_eval_split("svhn", "raw", (3, 32, 32), "test", 0, 0.2, 0.1)
+        load_eval_split("stl10", "raw", (3, 32, 32), "test", 0, 0.2, 0.1)
     _single_line(err)
 
 

@@ -64,6 +64,8 @@ def test_cifar100_differs_from_cifar10_only_where_it_says() -> None:
     for key in ("tracking", "report"):
         hundred[key] = ten[key]
     hundred["data"]["dataset"] = "cifar10"
+    assert hundred["evaluate"]["ood"]["sets"] == ["cifar10", "svhn"]  # not itself
+    hundred["evaluate"]["ood"]["sets"] = ["cifar100", "svhn"]
     assert hundred == ten
 
 

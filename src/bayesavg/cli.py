@@ -84,7 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also evaluate on the test split shifted: rotate_<degrees> or a corruption "
         "(shot_noise, impulse_noise, translate, shear, scale, brightness, stripe; _<level 1-5> "
         "for another severity), or 'rotations' (all 13 angles, 0 to 180 by 15) or "
-        "'corruptions' (all seven); repeatable; results under shift.<NAME>",
+        "'corruptions' (all seven), or 'cifar-c' (CIFAR-10-C's 19 corruptions at "
+        "severities 1-5: c_<name>_<level>; the official arrays under --raw-dir where "
+        "present, generated otherwise); repeatable; results under shift.<NAME>",
     )
     ev.add_argument(
         "--ood",
@@ -155,7 +157,7 @@ def _labelled(
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from .data.extra_sets import ood_images, shifted
+    from .data.extra_sets import official_cifar_c, ood_images, shifted
     from .data.prepared import load_eval_split
     from .data.shift import parse_many as parse_shifts
     from .evaluation.evaluate import bn_subset, evaluate
@@ -201,7 +203,13 @@ def _evaluate(args: argparse.Namespace) -> None:
         shifts = parse_shifts(args.shift)
     except ValueError as err:
         raise UserError(f"--shift: {err}") from None
-    for name, images in shifted(test.x, shifts, d["seed"]).items():
+    official, served = None, []
+    if any(s.cifar_c is not None for s in shifts):  # the published arrays where present
+        import torch
+
+        positions = torch.arange(len(test))
+        official, served = official_cifar_c(args.raw_dir, args.data, d["seed"], test, positions)
+    for name, images in shifted(test.x, shifts, d["seed"], official).items():
         splits[f"shift.{name}"] = (posterior.model_input(images, device), test.y)
     ood = {
         spec: posterior.model_input(
@@ -254,6 +262,8 @@ def _evaluate(args: argparse.Namespace) -> None:
         out["shift"] = {
             s.name: {k: results[f"shift.{s.name}"].metrics[k] for k in keys} for s in shifts
         }
+    if any(s.cifar_c is not None for s in shifts):  # says which images CIFAR-10-C's are
+        out["cifar_c_official"] = served
     if ood:
         out["ood"] = result.ood
     write_json(args.out, out)

@@ -113,6 +113,13 @@ class ShiftParams(_Section):
     )
     severity: Annotated[int, Field(ge=1, le=5)] | None = None  # None: each corruption's own
     n_points: PosInt = 200  # the names are checked against bayesavg.data.shift by stage validate
+    # CIFAR-10-C (RGB images only): corruption names of bayesavg.data.cifar_c, or the groups
+    # all (19) and standard (15), each at every severity listed; the official arrays are
+    # used where data/raw holds them (cifar10, cifar100), the corruptions generated if not.
+    cifar_c: list[str] = Field(default_factory=list)
+    cifar_c_severities: list[Annotated[int, Field(ge=1, le=5)]] = Field(
+        default_factory=lambda: [1, 2, 3, 4, 5]
+    )
 
 
 class OODParams(_Section):

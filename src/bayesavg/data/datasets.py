@@ -86,6 +86,7 @@ TORCHVISION: dict[str, tuple[str, int]] = {
     "fashion_mnist": ("FashionMNIST", 10),
     "cifar10": ("CIFAR10", 10),
     "cifar100": ("CIFAR100", 100),
+    "svhn": ("SVHN", 10),  # street-view digits: the CIFAR presets' OOD set
 }
 
 
@@ -101,6 +102,9 @@ def _download_hint(cls: type, raw_dir: Path) -> str:
     if hasattr(cls, "mirrors"):
         urls = [f"{m}{name}" for name, _ in cls.resources for m in cls.mirrors[:1]]
         where = raw_dir / cls.__name__ / "raw"
+    elif hasattr(cls, "split_list"):  # SVHN: one .mat file per split
+        urls = [entry[0] for key, entry in cls.split_list.items() if key in ("train", "test")]
+        where = raw_dir
     else:
         urls = [cls.url]
         where = raw_dir
@@ -110,6 +114,8 @@ def _download_hint(cls: type, raw_dir: Path) -> str:
 def _torchvision_split(dataset: Any) -> Split:
     data = dataset.data
     x = torch.as_tensor(np.asarray(data), dtype=torch.uint8)
+    if hasattr(dataset, "labels"):  # SVHN: already (N, C, H, W), labels not targets
+        return Split(x.contiguous(), torch.as_tensor(np.asarray(dataset.labels), dtype=torch.int64))
     x = x.unsqueeze(1) if x.dim() == 3 else x.permute(0, 3, 1, 2)
     y = torch.as_tensor(np.asarray(dataset.targets), dtype=torch.int64)
     return Split(x.contiguous(), y)
@@ -120,7 +126,8 @@ def _torchvision(name: str, raw_dir: Path) -> Source:
     splits = []
     for train in (True, False):
         try:
-            ds = cls(str(raw_dir), train=train, download=True)
+            which = {"split": "train" if train else "test"} if name == "svhn" else {"train": train}
+            ds = cls(str(raw_dir), **which, download=True)
         except (RuntimeError, OSError) as err:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(

@@ -8,13 +8,13 @@ and every OOD set in one forward pass (``bayesavg.evaluation.evaluate.evaluate``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from ..runtime.errors import UserError
-from ..seeding import derive_seed
+from ..seeding import derive_seed, generator
 from .datasets import Split
 from .ood_data import OOD_SETS, load_ood
 from .prepared import load_eval_split
@@ -24,18 +24,78 @@ from .shift import Shift
 def shift_subset(test: Split, n_points: int, seed: int) -> Split:
     """The fixed seeded test images every shift transforms (all of them if ``n_points``
     is at least the split's size); the same subset for every predictor."""
-    return test.random_subset(n_points, derive_seed(seed, "shift_subset"))
+    return test.random_subset(n_points, shift_seed(seed))
 
 
-def shifted(images: torch.Tensor, shifts: Sequence[Shift], seed: int) -> dict[str, torch.Tensor]:
-    """Each shift's version of ``images`` by its metrics name; corruptions seeded by ``seed``."""
+Official = Callable[[Shift], torch.Tensor | None]
+
+
+def shifted(
+    images: torch.Tensor, shifts: Sequence[Shift], seed: int, official: Official | None = None
+) -> dict[str, torch.Tensor]:
+    """Each shift's version of ``images`` by its metrics name; corruptions seeded by ``seed``.
+    ``official(shift)``: the published images of a shift where there are some
+    (``official_cifar_c``), used instead of generating it."""
     out = {}
     for s in shifts:
+        found = official(s) if official is not None else None
         try:
-            out[s.name] = s.apply(images, derive_seed(seed, "shift"))
+            out[s.name] = (
+                found if found is not None else s.apply(images, derive_seed(seed, "shift"))
+            )
         except ValueError as err:
             raise UserError(f"shift {s.name}: {err}") from None
     return out
+
+
+def official_cifar_c(
+    raw_dir: str | Path, dataset: str, seed: int, test: Split, positions: torch.Tensor
+) -> tuple[Official, list[str]]:
+    """The official CIFAR-10-C / CIFAR-100-C images of the test images at ``positions`` of
+    the stored test split, for ``shifted``, and the names of the shifts it served (filled
+    as it serves them).
+
+    The data stage keeps the official test split whole, in a seeded order
+    (``prepared.split_indices``): that order is recomputed here, so the official images of
+    exactly these test images are taken, and their labels are checked against the split's."""
+    from . import cifar_c
+
+    served: list[str] = []
+    if dataset not in cifar_c.OFFICIAL:
+        return (lambda s: None), served
+    n = len(test)
+    order = torch.randperm(n, generator=generator(derive_seed(seed, "order", "test")))
+    source = order[positions]
+
+    def images(s: Shift) -> torch.Tensor | None:
+        if s.cifar_c is None:
+            return None
+        found = cifar_c.official(Path(raw_dir), dataset, s.cifar_c, int(s.parameter))
+        if found is None:
+            return None
+        x, y = found
+        if x.shape[1:] != test.x.shape[1:]:
+            return None  # the data stage resized the images (data.image_size): generate
+        if x.shape[0] != n or not torch.equal(y[source], test.y[positions]):
+            hint = cifar_c.official_hint(Path(raw_dir), dataset)
+            raise UserError(
+                f"{cifar_c.OFFICIAL[dataset].folder}/{s.cifar_c}.npy does not hold the "
+                f"{dataset} test split in its published order; {hint}"
+            )
+        served.append(s.name)
+        return x[source]
+
+    return images, served
+
+
+def subset_positions(n: int, n_points: int, seed: int) -> torch.Tensor:
+    """Where ``shift_subset``'s images sit in the test split."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(shift_seed(seed)))[:n_points]
+
+
+def shift_seed(seed: int) -> int:
+    """The seed of the shifted subset (``shift_subset``)."""
+    return derive_seed(seed, "shift_subset")
 
 
 def ood_images(

@@ -357,7 +357,7 @@ def load_eval_split(
     if spec not in ("mnist5k", *TORCHVISION):
         raise UserError(
             f"unknown data spec {spec!r}; use mnist5k, mnist, fashion_mnist, "
-            "cifar10, cifar100 or imagefolder:<DIR>"
+            "cifar10, cifar100, svhn or imagefolder:<DIR>"
         )
     source = load_source(spec, raw_dir, fit)
     train, val, test = split_source(source, seed, test_fraction, val_fraction)

@@ -245,13 +245,21 @@ def corrupt(x: torch.Tensor, name: str, seed: int, severity: int | None = None) 
     return _from_unit(corruption.fn(_to_unit(x), corruption.levels[level - 1], gen), x)
 
 
+# CIFAR-10-C's corruptions (``cifar_c``) are kinds ``c_<name>``: the prefix keeps them
+# apart from MNIST-C's (both have a shot_noise and a brightness), and a report from
+# aggregating them with the others. Their module (and scipy) loads only when used.
+C_PREFIX = "c_"
+CIFAR_C_GROUPS = ("all", "standard")
+
+
 @dataclass(frozen=True)
 class Shift:
     """One shifted version of a test set: a rotation by ``parameter`` degrees or a corruption.
 
-    ``kind`` is ``"rotate"`` or a corruption name; for corruptions ``parameter``
-    is the severity level. ``name`` is the key used in metrics (``rotate_15``,
-    ``shot_noise``; a non-default level is appended, ``shot_noise_3``).
+    ``kind`` is ``"rotate"``, an MNIST-C-style corruption name, or ``c_<name>`` for a
+    CIFAR-10-C corruption; for corruptions ``parameter`` is the severity level. ``name``
+    is the key used in metrics (``rotate_15``, ``shot_noise``; a non-default level is
+    appended, ``shot_noise_3``; CIFAR-10-C's always, ``c_fog_3``).
     """
 
     kind: str
@@ -260,6 +268,10 @@ class Shift:
     def __post_init__(self) -> None:
         if self.kind == "rotate":
             _angle(self.parameter)
+        elif self.kind.startswith(C_PREFIX):
+            from . import cifar_c
+
+            cifar_c.check(self.kind.removeprefix(C_PREFIX), self.parameter)  # type: ignore[arg-type]
         else:
             _level(self.kind, self.parameter)  # type: ignore[arg-type]
 
@@ -267,25 +279,52 @@ class Shift:
     def name(self) -> str:
         if self.kind == "rotate":
             return f"rotate_{self.parameter:g}"
-        if self.parameter == CORRUPTIONS[self.kind].default:
-            return self.kind
-        return f"{self.kind}_{int(self.parameter)}"
+        if self.kind.startswith(C_PREFIX) or self.parameter != CORRUPTIONS[self.kind].default:
+            return f"{self.kind}_{int(self.parameter)}"
+        return self.kind
+
+    @property
+    def cifar_c(self) -> str | None:
+        """The CIFAR-10-C corruption's name, or None for the other shifts."""
+        return self.kind.removeprefix(C_PREFIX) if self.kind.startswith(C_PREFIX) else None
 
     def apply(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         """The shifted images (same dtype, range and shape); rotations ignore ``seed``."""
         if self.kind == "rotate":
             return rotate(x, self.parameter)
+        if self.cifar_c is not None:
+            from . import cifar_c
+
+            level = int(self.parameter)
+            return cifar_c.corrupt(x, self.cifar_c, level, derive_seed(seed, self.kind, level))
         return corrupt(x, self.kind, seed, int(self.parameter))
+
+
+def cifar_c_shifts(names: Iterable[str], severities: Iterable[int]) -> list[Shift]:
+    """CIFAR-10-C's corruptions (names, or the groups ``all``: 19, ``standard``: 15) at each
+    severity, corruption by corruption."""
+    names = list(names)
+    if not names:
+        return []  # the module (and scipy, ~0.3 s) loads only for CIFAR-10-C
+    from . import cifar_c
+
+    groups = {"all": cifar_c.ALL, "standard": cifar_c.STANDARD}
+    listed = [c for name in names for c in groups.get(name, (name,))]
+    return [Shift(f"{C_PREFIX}{c}", level) for c in dict.fromkeys(listed) for level in severities]
 
 
 def shifts(
     angles: Iterable[float] = ANGLES,
     corruptions: Iterable[str] = tuple(CORRUPTIONS),
     severity: int | None = None,
+    cifar_c: Iterable[str] = (),
+    cifar_c_severities: Iterable[int] = (1, 2, 3, 4, 5),
 ) -> list[Shift]:
-    """The rotations, then the corruptions (each at ``severity``, or its default level)."""
+    """The rotations, then the corruptions (each at ``severity``, or its default level),
+    then CIFAR-10-C's (``cifar_c_shifts``)."""
     out = [Shift("rotate", angle) for angle in angles]
     out += [Shift(name, _level(name, severity)) for name in corruptions]
+    out += cifar_c_shifts(cifar_c, cifar_c_severities)
     names = [s.name for s in out]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -303,6 +342,8 @@ def parse(name: str) -> Shift:
             raise ValueError(f"shift {name!r}: rotate_<degrees>, e.g. rotate_15") from None
         return Shift("rotate", degrees)
     base, _, level = name.rpartition("_")
+    if base.startswith(C_PREFIX) and level.isdigit():
+        return Shift(base, int(level))
     if base in CORRUPTIONS and level.isdigit():
         return Shift(base, int(level))
     if name in CORRUPTIONS:
@@ -316,7 +357,8 @@ def parse(name: str) -> Shift:
 def parse_many(names: Iterable[str]) -> list[Shift]:
     """Shifts by name (``parse``) for ``bayesavg evaluate --shift``, with ``rotations`` (the
     13 angles of ``ANGLES``) and ``corruptions`` (all of ``CORRUPTIONS`` at their default
-    level) expanded; a shift named twice, directly or through a group, counts once, in the
+    level) and ``cifar-c`` (CIFAR-10-C's 19 corruptions at severities 1-5) expanded; a
+    shift named twice, directly or through a group, counts once, in the
     order first named."""
     found: dict[str, Shift] = {}
     for name in names:
@@ -324,6 +366,8 @@ def parse_many(names: Iterable[str]) -> list[Shift]:
             group = shifts(corruptions=())
         elif name == "corruptions":
             group = shifts(angles=())
+        elif name == "cifar-c":
+            group = cifar_c_shifts(["all"], (1, 2, 3, 4, 5))
         else:
             group = [parse(name)]
         for shift in group:

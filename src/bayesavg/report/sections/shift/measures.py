@@ -49,9 +49,12 @@ def angles(p: PredictorResult) -> list[tuple[float, str]]:
     return sorted(found)
 
 
+CIFAR_C = "c_"  # CIFAR-10-C's shifts: aggregated by severity in their own section
+
+
 def corruptions(p: PredictorResult) -> list[str]:
-    """The predictor's non-rotation shifts, sorted."""
-    return sorted(name for name in shift_metrics(p) if not name.startswith(ROTATE))
+    """The predictor's non-rotation shifts but CIFAR-10-C's, sorted."""
+    return sorted(n for n in shift_metrics(p) if not n.startswith((ROTATE, CIFAR_C)))
 
 
 def shift_value(p: PredictorResult, name: str, key: str) -> float:

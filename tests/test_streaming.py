@@ -172,7 +172,7 @@ def test_an_imagefolder_is_streamed_chunk_by_chunk(
 
 def _params(augment: dict[str, Any]) -> Any:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["model"] = {"name": "lenet5"}
+    raw["model"] = {"name": "mlp", "hidden": [32]}  # the data path is under test, not the net
     raw["data"]["augment"] = augment
     raw["pretrain"].update(epochs=1, batch_size=100, members=1)
     raw["finetune"] = {

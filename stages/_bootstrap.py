@@ -60,5 +60,10 @@ def project_root() -> Path:
     return Path(os.environ.get("DVC_ROOT") or Path.cwd()).resolve()
 
 
+def spool_dir() -> Path:
+    """Where tracking calls that could not be sent wait (``bayesavg.tracking.spool``)."""
+    return project_root() / "runs" / "spool"
+
+
 untracked = Path(sys.argv[0]).stem in UNTRACKED or os.environ.get("RANK", "0") != "0"
-tracker = None if untracked else Tracker.spawn(*default_store(project_root()))
+tracker = None if untracked else Tracker.spawn(*default_store(project_root()), spool_dir())

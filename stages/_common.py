@@ -30,8 +30,10 @@ from bayesavg.config import Params, load_params
 from bayesavg.runtime import launch, numerics
 from bayesavg.runtime.checkpoint import Checkpoint
 from bayesavg.runtime.entry import run_entry
+from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
 from bayesavg.tracking.source import default_store, git_commit, source_tags
+from bayesavg.tracking.spool import is_remote
 from bayesavg.tracking.worker import Tracker
 
 PARAMS = Path("params.yaml")
@@ -43,6 +45,7 @@ STAGES = Path(__file__).resolve().parent
 
 
 project_root = _bootstrap.project_root
+spool_dir = _bootstrap.spool_dir
 
 
 def main(fn: Callable[[], None]) -> None:
@@ -256,8 +259,12 @@ def tracked(
     One worker serves a process's runs one after another.
     """
     if _bootstrap.tracker is None:
-        _bootstrap.tracker = Tracker.spawn(*default_store(project_root()))
+        _bootstrap.tracker = Tracker.spawn(*default_store(project_root()), spool_dir())
     tracker = _bootstrap.tracker
+    if is_remote(tracker.tracking_uri):  # a server down now: one line, nothing computed
+        problem = tracker.unreachable()
+        if problem is not None:
+            raise UserError(problem)
     commit = git_commit(Path.cwd())
     run_tags = {
         **source_tags(sys.argv[0], commit),

@@ -58,6 +58,7 @@ def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
 ) -> None:
     tracker = Tracker.spawn(*store)
     tracker.send("start", run_name="s", experiment="e", tags={}, inputs={}, resume=None)
+    assert tracker.unreachable() is None  # the first answer: the store is reachable
     run_id = tracker.receive()["run_id"]  # the worker answers a start with the run's id
     tracker.close()  # what SIGKILL does to the stage's end of the pipe
     assert _run(store, run_id).info.status == "KILLED"

@@ -35,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="bayesavg", description="Bayesian deep learning by weight averaging."
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    track = sub.add_parser(
+        "track",
+        help="send the MLflow calls stages kept in runs/spool/ while tracking was down",
+    )
+    track.add_argument("--sync", action="store_true", required=True, help="send them now")
+    track.add_argument("--root", default=".", help="the project root (default: here)")
     ev = sub.add_parser(
         "evaluate",
         help="evaluate a posterior file on a dataset",
@@ -277,3 +283,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     run_entry(numerics.pin)  # before torch: the same bytes as the pipeline's stages
     if args.command == "evaluate":
         run_entry(lambda: _evaluate(args))
+    elif args.command == "track":
+        run_entry(lambda: _track(args))
+
+
+def _track(args: argparse.Namespace) -> None:
+    """Send the tracking calls stages spooled while the store was unreachable."""
+    from .tracking.source import default_store
+    from .tracking.spool import bound_retries, check_reachable, pending, replay_all
+
+    root = Path(args.root).resolve()
+    uri, artifacts = default_store(root)
+    folder = root / "runs" / "spool"
+    waiting = pending(folder, uri)
+    if not waiting:
+        print(f"tracking: nothing spooled for {uri} in {folder}")
+        return
+    problem = check_reachable(uri)
+    if problem is not None:
+        raise UserError(problem.replace("; nothing was computed", "; the spool is kept"))
+    bound_retries()
+    spools, calls = replay_all(folder, uri, artifacts)
+    print(f"tracking: sent {calls} spooled calls from {spools} spool(s) to {uri}")

@@ -13,7 +13,12 @@ own run). When a run ends it is marked FINISHED or FAILED; if the stage dies
 without saying (SIGKILL), the worker sees its stdin close and marks the open
 run KILLED, and a resumed stage reopens it.
 
-``python -m bayesavg.tracking.worker URI ARTIFACT_LOCATION`` runs the worker.
+The worker's first answer says whether the store is reachable (an HTTP server is
+asked; ``spool.check_reachable``): a stage tracking into a server that is down stops
+there, before computing. A call that fails later is not the stage's end: the worker
+keeps it and every later call in a spool (``spool``) and the stage goes on.
+
+``python -m bayesavg.tracking.worker URI ARTIFACT_LOCATION [SPOOL_DIR]`` runs the worker.
 """
 
 from __future__ import annotations
@@ -38,20 +43,34 @@ class TrackingError(RuntimeError):
 class Tracker:
     """The stage's side of a tracking worker process."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], tracking_uri: str = "") -> None:
         self._proc = proc
+        self.tracking_uri = tracking_uri
+        self._ready: dict[str, Any] | None = None  # the worker's first answer
         self._started = 0  # runs started: the worker answers each start with its id
         self._ids: list[str] = []  # the answers read so far, in order
 
     @classmethod
-    def spawn(cls, tracking_uri: str, artifact_location: str) -> Tracker:
+    def spawn(
+        cls, tracking_uri: str, artifact_location: str, spool_dir: str | Path | None = None
+    ) -> Tracker:
+        """Start a worker; ``spool_dir``: where calls that cannot be sent are kept."""
+        args = [sys.executable, "-m", "bayesavg.tracking.worker", tracking_uri, artifact_location]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bayesavg.tracking.worker", tracking_uri, artifact_location],
+            args + ([str(spool_dir)] if spool_dir is not None else []),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        return cls(proc)
+        return cls(proc, tracking_uri)
+
+    def unreachable(self) -> str | None:
+        """Why the store cannot be reached (one line), or None: waits for the worker's
+        first answer, its check of an HTTP server (at most ~12 s)."""
+        if self._ready is None:
+            self._ready = self.receive()
+        error = self._ready.get("error")
+        return str(error) if error else None
 
     def send(self, op: str, **fields: Any) -> None:
         assert self._proc.stdin is not None
@@ -75,6 +94,9 @@ class Tracker:
 
     def run_id(self, index: int) -> str:
         """The id of run ``index``: waits until the worker has opened it."""
+        problem = self.unreachable()
+        if problem is not None:
+            raise TrackingError(problem)
         while len(self._ids) <= index:
             self._ids.append(str(self.receive()["run_id"]))
         return self._ids[index]
@@ -209,8 +231,28 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def serve(tracking_uri: str, artifact_location: str, stdin: IO[str], stdout: IO[str]) -> None:
-    """The worker: open the store, then carry out the stage's calls until stdin closes."""
+def serve(
+    tracking_uri: str,
+    artifact_location: str,
+    stdin: IO[str],
+    stdout: IO[str],
+    spool_dir: Path | None = None,
+) -> int:
+    """The worker: check the store, open it, replay what earlier stages could not send,
+    then carry out the stage's calls until stdin closes; return the exit code.
+
+    The first answer says whether the store is reachable (``{"ready": ...}``): a stage
+    tracking into an HTTP server waits for it before computing anything (exit code 2,
+    the one-line reason in ``error``). A call that fails later sends it and every later
+    call to a spool under ``spool_dir`` instead (``spool``), and the stage goes on.
+    """
+    from .spool import Spool, bound_retries, check_reachable, replay_all
+
+    bound_retries()
+    problem = check_reachable(tracking_uri)
+    _answer(stdout, {"ready": problem is None, "error": problem})
+    if problem is not None:
+        return 2
     # Importing mlflow and opening its store create ~10^6 long-lived objects
     # and no garbage: collecting during the import, or walking them all in the
     # first full collection after it (~0.2 s each time), only delays the stage.
@@ -221,49 +263,98 @@ def serve(tracking_uri: str, artifact_location: str, stdin: IO[str], stdout: IO[
     warm_store(tracking_uri)
     gc.freeze()
     gc.enable()
+    if spool_dir is not None:
+        _replay_pending(spool_dir, tracking_uri, artifact_location, replay_all)
     run = None
+    index = -1  # this worker's runs, counted from 0
     ended = False
+    spool: Spool | None = None
     for line in stdin:
         msg = json.loads(line)
         op = msg.pop("op")
         if op == "start":
-            run = open_run(
-                msg.pop("run_name"),
-                tracking_uri=tracking_uri,
-                artifact_location=artifact_location,
-                **msg,
-            )
-            ended = False
-            stdout.write(json.dumps({"run_id": run.run_id}) + "\n")
-            stdout.flush()
-        elif op == "end":
-            assert run is not None
-            run.terminate(msg["status"])
-            ended = True
-        else:
-            assert run is not None
-            getattr(run, op)(**msg)
-    if run is not None and not ended:
+            index, ended = index + 1, False
+        if spool is None:
+            try:
+                if op == "start":
+                    run = open_run(
+                        msg["run_name"],
+                        tracking_uri=tracking_uri,
+                        artifact_location=artifact_location,
+                        **{k: v for k, v in msg.items() if k != "run_name"},
+                    )
+                    _answer(stdout, {"run_id": run.run_id})
+                elif op == "end":
+                    assert run is not None
+                    run.terminate(msg["status"])
+                    ended = True
+                else:
+                    assert run is not None
+                    getattr(run, op)(**msg)
+                continue
+            except Exception as err:  # the store failed: spool this call and the rest
+                cause = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+                spool = Spool.open(spool_dir or Path("runs/spool"), tracking_uri, cause)
+                if run is not None and op != "start":
+                    spool.attach(index, run.run_id)
+        spool.add(index, op, msg)
+        if op == "start":
+            _answer(stdout, {"run_id": f"spooled:{spool.path.name}:{index}"})
+        ended = ended or op == "end"
+    if spool is not None:
+        if index >= 0 and not ended:
+            spool.add(index, "end", {"status": "KILLED"})
+        sys.stderr.write(
+            f"warning: MLflow tracking at {tracking_uri} failed during this stage "
+            f"({_cause(spool)}); its outputs are written, and {spool.calls} tracking "
+            f"calls are kept in {spool.path}: the next stage that reaches the server "
+            "sends them, or run `bayesavg track --sync`\n"
+        )
+    elif run is not None and not ended:
         run.terminate("KILLED")
+    return 0
+
+
+def _cause(spool: Any) -> str:
+    with spool.path.open(encoding="utf-8") as f:
+        return str(json.loads(f.readline())["cause"])
+
+
+def _answer(stdout: IO[str], message: Mapping[str, Any]) -> None:
+    stdout.write(json.dumps(message) + "\n")
+    stdout.flush()
+
+
+def _replay_pending(folder: Path, uri: str, artifacts: str, replay_all: Any) -> None:
+    """Send what earlier stages spooled for this store; a failure leaves it for later."""
+    try:
+        spools, calls = replay_all(folder, uri, artifacts)
+    except Exception as err:
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        sys.stderr.write(f"warning: could not replay the tracking spool in {folder} ({first})\n")
+        return
+    if spools:
+        sys.stderr.write(f"tracking: replayed {calls} spooled calls from {spools} spool(s)\n")
 
 
 def main() -> None:
     # Ctrl-C reaches the whole process group: let the stage decide, and log what it sent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     uri, artifacts = sys.argv[1:3]
+    spool_dir = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     # Answers go over a private copy of stdout; anything mlflow or its
     # libraries print goes to stderr, so it cannot corrupt the answers.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
-    serve(uri, artifacts, sys.stdin, answers)
+    code = serve(uri, artifacts, sys.stdin, answers, spool_dir)
     answers.flush()
     # Every call has been carried out and committed; finalising mlflow's and
     # SQLAlchemy's module graphs would keep the stage waiting ~0.8 s more.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,257 @@
+"""Tracking that never costs a result (issue 30): a server down when a stage starts is one
+line before anything is computed; calls that fail during a stage are spooled and the
+stage goes on; a replay sends them into the right runs, once; against a real
+``mlflow server`` killed while a run logs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipeline_repo import PYTHON, default_params, env, make_repo
+
+from bayesavg.tracking import spool as spool_module
+from bayesavg.tracking.mlflow_run import Run, store_client
+from bayesavg.tracking.worker import Tracker, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(PYTHON).parent
+
+
+def _ops(*calls: dict[str, Any]) -> io.StringIO:
+    return io.StringIO("".join(json.dumps(c) + "\n" for c in calls))
+
+
+START = {"op": "start", "run_name": "finetune@swag", "experiment": "outage", "tags": {"k": "v"}}
+
+
+def _serve(uri: str, tmp_path: Path, *calls: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    out = io.StringIO()
+    code = serve(uri, (tmp_path / "art").as_uri(), _ops(*calls), out, tmp_path / "spool")
+    return code, [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def _run(uri: str, run_id: str) -> Any:
+    return store_client(uri).get_run(run_id)
+
+
+def test_a_call_failing_mid_stage_is_spooled_and_replayed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real = Run.log_history
+    calls = {"n": 0}
+
+    def flaky(self: Run, *args: Any, **kwargs: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the server goes away at the second metric call
+            raise ConnectionError("Connection refused")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Run, "log_history", flaky)
+    code, answers = _serve(
+        uri,
+        tmp_path,
+        START,
+        {"op": "log_metrics", "metrics": {"a": 1.0}},
+        {"op": "log_metrics", "metrics": {"b": 2.0}},
+        {"op": "log_params", "params": {"lr": 0.1}},
+        {"op": "end", "status": "FINISHED"},
+    )
+    assert code == 0 and answers[0] == {"ready": True, "error": None}
+    run_id = answers[1]["run_id"]
+    lines = capsys.readouterr().err.strip().splitlines()  # mlflow's own INFO lines too
+    warning = [line for line in lines if line.startswith("warning:")]
+    assert len(warning) == 1 and "3 tracking calls are kept in" in warning[0]
+    assert "ConnectionError: Connection refused" in warning[0]
+    [spooled] = list((tmp_path / "spool").glob("*.jsonl"))
+    ops = [json.loads(line)["op"] for line in spooled.read_text().splitlines()]
+    assert ops == ["outage", "attach", "log_metrics", "log_params", "end"]
+    before = _run(uri, run_id)
+    assert before.info.status == "RUNNING" and "b" not in before.data.metrics
+    monkeypatch.setattr(Run, "log_history", real)
+    artifacts = (tmp_path / "art").as_uri()
+    assert spool_module.replay_all(tmp_path / "spool", uri, artifacts) == (1, 3)
+    after = _run(uri, run_id)
+    assert after.info.status == "FINISHED"
+    assert after.data.metrics == {"a": 1.0, "b": 2.0} and after.data.params == {"lr": "0.1"}
+    assert not list((tmp_path / "spool").iterdir())
+    assert spool_module.replay_all(tmp_path / "spool", uri, artifacts) == (0, 0)
+    history = store_client(uri).get_metric_history(run_id, "b")
+    assert len(history) == 1  # sent once
+
+
+def test_a_run_started_during_the_outage_is_created_by_the_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bayesavg.tracking.store as store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real = store.open_run
+    monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+    code, answers = _serve(
+        uri, tmp_path, START, {"op": "log_metrics", "metrics": {"acc": 0.9}}
+    )  # no end: the stage died; the replay ends the run KILLED
+    assert code == 0 and answers[1]["run_id"].startswith("spooled:")
+    monkeypatch.setattr(store, "open_run", real)
+    [spooled] = list((tmp_path / "spool").glob("*.jsonl"))
+    progress = spooled.with_suffix(".progress.json")
+    assert spool_module.replay(spooled, uri, (tmp_path / "art").as_uri()) == 3
+    assert not spooled.exists() and not progress.exists()
+    [found] = store_client(uri).search_runs(
+        [store_client(uri).get_experiment_by_name("outage").experiment_id]
+    )
+    assert found.info.run_name == "finetune@swag" and found.data.tags["k"] == "v"
+    assert found.data.metrics == {"acc": 0.9} and found.info.status == "KILLED"
+
+
+def test_an_unreachable_server_is_one_line_within_seconds() -> None:
+    started = time.perf_counter()
+    found = spool_module.check_reachable("http://127.0.0.1:9")
+    assert time.perf_counter() - started < 15
+    assert found is not None and "\n" not in found
+    assert "http://127.0.0.1:9" in found and "Connection refused" in found
+    assert "MLFLOW_TRACKING_URI" in found
+    assert spool_module.check_reachable("sqlite:///x.db") is None
+
+
+def test_a_stage_stops_before_computing_when_the_server_is_down(tmp_path: Path) -> None:
+    """The data stage with MLFLOW_TRACKING_URI at a closed port: exit 2, one line naming
+    the URI and the cause, no output, well within 15 seconds."""
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo", default_params())
+    environ = env(MLFLOW_TRACKING_URI="http://127.0.0.1:9")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [PYTHON, "stages/data.py"], cwd=repo, env=environ, capture_output=True, text=True
+    )
+    seconds = time.perf_counter() - started
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "http://127.0.0.1:9 is unreachable" in lines[0], lines
+    assert "Connection refused" in lines[0]
+    assert not (repo / "data" / "prepared" / "manifest.json").exists()
+    assert seconds < 15
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A team's tracking server: ``mlflow server`` with its own SQLite database and
+    artifact folder on a free localhost port; ``restart()`` brings it back after a kill."""
+    port = _free_port()
+    state: dict[str, Any] = {"uri": f"http://127.0.0.1:{port}", "proc": None}
+    cmd = [
+        str(BIN / "mlflow"),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "server-artifacts"),
+    ]
+
+    def start() -> None:
+        state["proc"] = subprocess.Popen(  # its own group: uvicorn's workers die with it
+            cmd,
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.time() + 60
+        while spool_module.check_reachable(state["uri"]) is not None:
+            if time.time() > deadline or state["proc"].poll() is not None:
+                raise AssertionError("mlflow server did not start")
+            time.sleep(0.5)
+
+    def kill() -> None:
+        proc = state["proc"]
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        deadline = time.time() + 20
+        while time.time() < deadline:  # the port refuses once every worker is gone
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) != 0:
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"mlflow server still answers on port {port}")
+
+    state["start"], state["kill"] = start, kill
+    start()
+    try:
+        yield state
+    finally:
+        kill()
+
+
+def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_path: Path) -> None:
+    """Over HTTP: a run logs, the server is killed, the worker spools the rest and exits
+    0; the server comes back and ``bayesavg track --sync`` completes the run, once."""
+    uri = server["uri"]
+    root = tmp_path / "project"
+    (root / "runs").mkdir(parents=True)
+    environ = env(MLFLOW_TRACKING_URI=uri)
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "bayesavg.tracking.worker",
+            uri,
+            (root / "mlartifacts").as_uri(),
+            str(root / "runs" / "spool"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    tracker = Tracker(proc, uri)
+    assert tracker.unreachable() is None
+    with tracker.run("finetune@swag", experiment="team", tags={}, inputs={}) as run:
+        run.log_metrics({"epoch_loss": 1.0}, step=1)
+        run_id = run.run_id  # the server answered: the run exists there
+        deadline = time.time() + 30  # the worker sends in order, behind the stage
+        while not store_client(uri).get_metric_history(run_id, "epoch_loss"):
+            assert time.time() < deadline, "the first metric never reached the server"
+            time.sleep(0.2)
+        server["kill"]()
+        run.log_metrics({"epoch_loss": 0.5}, step=2)
+        run.log_params({"lr": 0.05})
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0
+    assert "tracking calls are kept in" in stderr and "bayesavg track --sync" in stderr
+    server["start"]()
+    cli = [str(BIN / "bayesavg"), "track", "--sync", "--root", str(root)]
+    done = subprocess.run(cli, env=environ, capture_output=True, text=True)
+    assert done.returncode == 0 and "sent 3 spooled calls" in done.stdout, done.stderr
+    again = subprocess.run(cli, env=environ, capture_output=True, text=True)
+    assert "nothing spooled" in again.stdout
+    client = store_client(uri)
+    found = client.get_run(run_id)
+    assert found.info.status == "FINISHED" and found.data.params == {"lr": "0.05"}
+    history = client.get_metric_history(run_id, "epoch_loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]

@@ -15,6 +15,7 @@ predictor is right carry information.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,8 +152,29 @@ def _resampled(
     if metric == "ece":
         return _weighted_ece(log_probs, y, counts, ece_bins)
     if metric in SELECTIVE:
-        return selective_resampled(log_probs, y, counts)[metric]
+        return _selective_resampled(log_probs, y, counts)[metric]
     return counts @ PER_POINT[metric](log_probs, y) / y.shape[0]
+
+
+_SELECTIVE: dict[tuple[str, int], tuple[torch.Tensor, dict[str, torch.Tensor]]] = {}
+
+
+def _selective_resampled(
+    log_probs: torch.Tensor, y: torch.Tensor, counts: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """All four selective metrics of every resample, computed once per predictive and
+    resample set: a report asks for each metric of each predictor in its own interval
+    and in every comparison it is part of (the baseline in all of them). Keyed by the
+    predictive's bytes (cheap beside the computation) and the counts' identity; an entry
+    holds its counts, so no other tensor can take that identity while it is kept."""
+    digest = hashlib.sha1(log_probs.double().contiguous().numpy().tobytes())
+    digest.update(y.contiguous().numpy().tobytes())
+    key = (digest.hexdigest(), id(counts))
+    if key not in _SELECTIVE:
+        if len(_SELECTIVE) >= 256:
+            _SELECTIVE.pop(next(iter(_SELECTIVE)))
+        _SELECTIVE[key] = (counts, selective_resampled(log_probs, y, counts))
+    return _SELECTIVE[key][1]
 
 
 def _full(metric: str, log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int) -> float:

@@ -5,6 +5,7 @@ coverage, each with its interval and paired against the baseline (ALGORITHMS §1
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +19,8 @@ from ..inputs import PredictorResult, ReportInputs, is_bayesian
 from ..intervals import SELECTIVE
 from ..uncertainty import Uncertainty
 
+ZOOM = 0.8  # the right panel: where the curves part
+CLIP = 0.1  # the left panel's y range: the risk of the first 10% of points is a few errors
 HEADERS = {
     "aurc": "AURC",
     "augrc": "AUGRC",
@@ -28,8 +31,11 @@ CAPTION = (
     "Risk-coverage on the test split: the error rate among the points each predictor "
     "keeps when it abstains on the least confident (confidence = the largest averaged "
     "probability, ties by index), against the share kept. Lower is better; at coverage 1 "
-    "every curve is the predictor's test error. The baseline is grey and dotted; one "
-    "predictor per family, an averaging one where the family has it."
+    "every curve is the predictor's test error (the left panel's y range leaves out "
+    "coverages below 0.1, where one error among a few points is a large rate). The "
+    "baseline is grey and dotted; the "
+    "main predictors (SWA, SWAG, MultiSWAG, the ensemble, Laplace, MC dropout, VI, HWA, "
+    "SGLD) where present, each in a colour of its own."
 )
 
 
@@ -42,11 +48,19 @@ def _curve(p: PredictorResult) -> tuple[np.ndarray, np.ndarray] | None:
     return coverage.numpy(), risk.numpy()
 
 
+# The predictors the papers compare, drawn when present; otherwise one per family.
+MAIN = ("swa", "swag", "multiswag", "ensemble", "laplace", "mc_dropout", "vi", "hwa", "sgld")
+
+
 def representatives(inputs: ReportInputs) -> list[PredictorResult]:
-    """The baseline and the first predictor of each family with predictions, an
-    averaging (Bayesian) one before a single network."""
+    """The baseline and the main predictors with predictions (``MAIN``); without any of
+    those, the first predictor of each family, an averaging (Bayesian) one first."""
     base = style.baseline(inputs)
     chosen = [base] if base is not None and base.predictions is not None else []
+    by_name = {p.name: p for p in inputs.predictors if p.predictions is not None}
+    main = [by_name[n] for n in MAIN if n in by_name and n != inputs.baseline]
+    if main:
+        return chosen + main
     for members in style.families(inputs).values():
         ranked = sorted(members, key=lambda p: not is_bayesian(p))
         first = next((p for p in ranked if p.predictions is not None), None)
@@ -55,23 +69,41 @@ def representatives(inputs: ReportInputs) -> list[PredictorResult]:
     return chosen
 
 
+def _colours(chosen: list[PredictorResult], baseline: str) -> dict[str, Any]:
+    """A colour of its own for each drawn predictor (families share colours elsewhere),
+    the baseline grey."""
+    palette = [c for i, c in enumerate(style.TAB10) if i != 7]  # tab10's 7th is grey
+    others = [p.name for p in chosen if p.name != baseline]
+    out: dict[str, Any] = {n: palette[i % len(palette)] for i, n in enumerate(others)}
+    out[baseline] = style.BASELINE_COLOUR
+    return out
+
+
 def curves_figure(inputs: ReportInputs) -> Figure | None:
     """Risk-coverage of the representatives, in full and zoomed on coverage 0.5-1."""
     chosen = [(p, c) for p in representatives(inputs) if (c := _curve(p)) is not None]
     if not chosen:
         return None
-    colours = style.colours(inputs)
+    colours = _colours([p for p, _ in chosen], inputs.baseline)
     fig, axes = style.grid(1, 2, 13.0, 3.6)
-    for ax, low in zip(axes[0], (0.0, 0.5), strict=True):
+    for ax, low in zip(axes[0], (0.0, ZOOM), strict=True):
         for p, (coverage, risk) in chosen:
-            ax.plot(coverage, 100 * risk, label=p.name, **style.line_style(p, inputs, colours))
+            ax.plot(
+                coverage,
+                100 * risk,
+                label=p.name,
+                color=colours[p.name],
+                linestyle=style.linestyle(p, inputs),
+                linewidth=1.2,
+            )
         ax.set(xlim=(low, 1), xlabel="coverage (share of test points kept)")
         ax.set_ylabel("error among kept points (%)")
         ax.grid(alpha=0.3)
-    top = max(100 * float(np.max(r[c >= 0.5])) for _, (c, r) in chosen)
-    axes[0][1].set_ylim(0, top * 1.05 + 1e-9)
+    for ax, low in zip(axes[0], (CLIP, ZOOM), strict=True):  # a few points' risk is noise
+        top = max(100 * float(np.max(r[c >= low])) for _, (c, r) in chosen)
+        ax.set_ylim(0, top * 1.05 + 1e-9)
     axes[0][0].set_title("all coverages")
-    axes[0][1].set_title("coverage 0.5 to 1")
+    axes[0][1].set_title(f"coverage {ZOOM:g} to 1")
     style.row_legend(axes[0][1])
     return fig
 

@@ -22,6 +22,7 @@ from pipeline_repo import PYTHON, default_params, env, make_repo
 
 from bayesavg.tracking import spool as spool_module
 from bayesavg.tracking.mlflow_run import Run, store_client
+from bayesavg.tracking.source import default_store
 from bayesavg.tracking.worker import Tracker, serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,15 @@ def test_a_run_started_during_the_outage_is_created_by_the_replay(
     assert found.data.metrics == {"acc": 0.9} and found.info.status == "KILLED"
 
 
+def test_a_servers_experiments_keep_their_artifacts_on_the_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.team.example")
+    assert default_store(tmp_path) == ("https://mlflow.team.example", "")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert default_store(tmp_path)[1] == (tmp_path / "mlartifacts").resolve().as_uri()
+
+
 def test_an_unreachable_server_is_one_line_within_seconds() -> None:
     started = time.perf_counter()
     found = spool_module.check_reachable("http://127.0.0.1:9")
@@ -155,7 +165,11 @@ def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A team's tracking server: ``mlflow server`` with its own SQLite database and
     artifact folder on a free localhost port; ``restart()`` brings it back after a kill."""
     port = _free_port()
-    state: dict[str, Any] = {"uri": f"http://127.0.0.1:{port}", "proc": None}
+    state: dict[str, Any] = {
+        "uri": f"http://127.0.0.1:{port}",
+        "proc": None,
+        "artifacts": tmp_path / "server-artifacts",
+    }
     cmd = [
         str(BIN / "mlflow"),
         "server",
@@ -220,7 +234,7 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_
             "-m",
             "bayesavg.tracking.worker",
             uri,
-            (root / "mlartifacts").as_uri(),
+            "",  # what default_store gives for a server: the server's artifact store
             str(root / "runs" / "spool"),
         ],
         stdin=subprocess.PIPE,
@@ -231,23 +245,27 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_
     )
     tracker = Tracker(proc, uri)
     assert tracker.unreachable() is None
+    (root / "before.txt").write_text("logged before the outage\n")
+    (root / "after.txt").write_text("logged during it\n")
     with tracker.run("finetune@swag", experiment="team", tags={}, inputs={}) as run:
         run.log_metrics({"epoch_loss": 1.0}, step=1)
+        run.log_artifact(root / "before.txt")
         run_id = run.run_id  # the server answered: the run exists there
         deadline = time.time() + 30  # the worker sends in order, behind the stage
-        while not store_client(uri).get_metric_history(run_id, "epoch_loss"):
-            assert time.time() < deadline, "the first metric never reached the server"
+        while not store_client(uri).list_artifacts(run_id):
+            assert time.time() < deadline, "the first artifact never reached the server"
             time.sleep(0.2)
         server["kill"]()
         run.log_metrics({"epoch_loss": 0.5}, step=2)
         run.log_params({"lr": 0.05})
+        run.log_artifact(root / "after.txt")
     stderr = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0
     assert "tracking calls are kept in" in stderr and "bayesavg track --sync" in stderr
     server["start"]()
     cli = [str(BIN / "bayesavg"), "track", "--sync", "--root", str(root)]
     done = subprocess.run(cli, env=environ, capture_output=True, text=True)
-    assert done.returncode == 0 and "sent 3 spooled calls" in done.stdout, done.stderr
+    assert done.returncode == 0 and "sent 4 spooled calls" in done.stdout, done.stderr
     again = subprocess.run(cli, env=environ, capture_output=True, text=True)
     assert "nothing spooled" in again.stdout
     client = store_client(uri)
@@ -255,3 +273,7 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_
     assert found.info.status == "FINISHED" and found.data.params == {"lr": "0.05"}
     history = client.get_metric_history(run_id, "epoch_loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["after.txt", "before.txt"]
+    stored = sorted(p.name for p in server["artifacts"].rglob("*.txt"))
+    assert stored == ["after.txt", "before.txt"]  # in the server's store, not the client's
+    assert not (root / "mlartifacts").exists()

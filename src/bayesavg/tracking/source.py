@@ -48,8 +48,12 @@ def default_store(root: str | Path) -> tuple[str, str]:
     """(tracking URI, artifact location) for a project root.
 
     ``MLFLOW_TRACKING_URI`` overrides the default ``sqlite:///<root>/mlflow.db``.
-    Artifacts go to ``<root>/mlartifacts`` for experiments created here.
+    Artifacts go to ``<root>/mlartifacts`` for experiments created here; with a tracking
+    server (http, https) to the server's artifact store (location ""), not to a folder
+    of the machine that happened to create the experiment.
     """
     root = Path(root).resolve()
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    if uri.startswith(("http://", "https://")):
+        return uri, ""
     return uri, (root / "mlartifacts").as_uri()

@@ -50,8 +50,9 @@ def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
+            # "" (a tracking server): the server's own artifact store decides
             return client.create_experiment(
-                name, artifact_location=artifact_location, tags=EXPERIMENT_KIND
+                name, artifact_location=artifact_location or None, tags=EXPERIMENT_KIND
             )
         except Exception:
             # Another stage (dvc exp run --queue with jobs) created it meanwhile.

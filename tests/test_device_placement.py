@@ -61,6 +61,14 @@ HOST_FUNCTIONS = {
     "shift._scale": "a 2x2 matrix for _warp",
     "shift._random_signs": "drawn from a CPU generator (the same on any device), moved",
     "shift.corrupt": "the corruption's CPU generator (the same images on any device)",
+    "cifar_c.corrupt": "the benchmark's corruptions run in numpy on the host; the result is "
+    "moved back to the images' device",
+    "cifar_c.official": "the published arrays, read from disk into host memory as every dataset is",
+    "extra_sets.official_cifar_c": "the test split's seeded order, drawn on the host as the "
+    "data stage drew it, to index host arrays",
+    "extra_sets.subset_positions": "the shifted subset's positions, drawn on the host as "
+    "shift_subset draws them",
+    "cli._evaluate": "the test split's positions on the host, to index host arrays",
     "storage.read_array": "a memory-mapped file is host memory by nature; training copies "
     "its batches to the device (batches.StreamedData)",
     "storage.channel_stats_streamed": "the data stage's statistics of uint8 images on the "

@@ -5,12 +5,8 @@ stage goes on; a replay sends them into the right runs, once; against a real
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow_server import MlflowServer, running_server
 from pipeline_repo import PYTHON, default_params, env, make_repo
 
 from bayesavg.tracking import spool as spool_module
@@ -154,77 +151,16 @@ def test_a_stage_stops_before_computing_when_the_server_is_down(tmp_path: Path) 
     assert seconds < 15
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A team's tracking server: ``mlflow server`` with its own SQLite database and
-    artifact folder on a free localhost port; ``restart()`` brings it back after a kill."""
-    port = _free_port()
-    state: dict[str, Any] = {
-        "uri": f"http://127.0.0.1:{port}",
-        "proc": None,
-        "artifacts": tmp_path / "server-artifacts",
-    }
-    cmd = [
-        str(BIN / "mlflow"),
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--backend-store-uri",
-        f"sqlite:///{tmp_path / 'server.db'}",
-        "--artifacts-destination",
-        str(tmp_path / "server-artifacts"),
-    ]
-
-    def start() -> None:
-        state["proc"] = subprocess.Popen(  # its own group: uvicorn's workers die with it
-            cmd,
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.time() + 60
-        while spool_module.check_reachable(state["uri"]) is not None:
-            if time.time() > deadline or state["proc"].poll() is not None:
-                raise AssertionError("mlflow server did not start")
-            time.sleep(0.5)
-
-    def kill() -> None:
-        proc = state["proc"]
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        deadline = time.time() + 20
-        while time.time() < deadline:  # the port refuses once every worker is gone
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) != 0:
-                    return
-            time.sleep(0.2)
-        raise AssertionError(f"mlflow server still answers on port {port}")
-
-    state["start"], state["kill"] = start, kill
-    start()
-    try:
-        yield state
-    finally:
-        kill()
+def server(tmp_path: Path) -> Iterator[MlflowServer]:
+    with running_server(tmp_path) as found:
+        yield found
 
 
-def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_path: Path) -> None:
+def test_a_real_server_killed_mid_run_loses_nothing(server: MlflowServer, tmp_path: Path) -> None:
     """Over HTTP: a run logs, the server is killed, the worker spools the rest and exits
     0; the server comes back and ``bayesavg track --sync`` completes the run, once."""
-    uri = server["uri"]
+    uri = server.uri
     root = tmp_path / "project"
     (root / "runs").mkdir(parents=True)
     environ = env(MLFLOW_TRACKING_URI=uri)
@@ -255,14 +191,14 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_
         while not store_client(uri).list_artifacts(run_id):
             assert time.time() < deadline, "the first artifact never reached the server"
             time.sleep(0.2)
-        server["kill"]()
+        server.kill()
         run.log_metrics({"epoch_loss": 0.5}, step=2)
         run.log_params({"lr": 0.05})
         run.log_artifact(root / "after.txt")
     stderr = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0
     assert "tracking calls are kept in" in stderr and "bayesavg track --sync" in stderr
-    server["start"]()
+    server.start()
     cli = [str(BIN / "bayesavg"), "track", "--sync", "--root", str(root)]
     done = subprocess.run(cli, env=environ, capture_output=True, text=True)
     assert done.returncode == 0 and "sent 4 spooled calls" in done.stdout, done.stderr
@@ -274,6 +210,6 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: dict[str, Any], tmp_
     history = client.get_metric_history(run_id, "epoch_loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
     assert sorted(a.path for a in client.list_artifacts(run_id)) == ["after.txt", "before.txt"]
-    stored = sorted(p.name for p in server["artifacts"].rglob("*.txt"))
+    stored = sorted(p.name for p in server.artifacts.rglob("*.txt"))
     assert stored == ["after.txt", "before.txt"]  # in the server's store, not the client's
     assert not (root / "mlartifacts").exists()

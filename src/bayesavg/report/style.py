@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from .inputs import PredictorResult, ReportInputs, trajectory_params
+from .inputs import PredictorResult, ReportInputs, is_bayesian, trajectory_params
 
 # Family of a method, in panel order; methods not listed go to "other".
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -175,3 +175,34 @@ def symlog_axis(ax: Any, ticks: list[float], linthresh: float) -> None:
     ax.set_xlim(left=-0.3 * linthresh)  # nothing lies left of 0: no empty negative half
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+# The predictors the papers compare, drawn when present; otherwise one per family.
+MAIN_PREDICTORS = (
+    "swa",
+    "swag",
+    "multiswag",
+    "ensemble",
+    "laplace",
+    "mc_dropout",
+    "vi",
+    "hwa",
+    "sgld",
+)
+
+
+def main_predictors(inputs: ReportInputs) -> list[PredictorResult]:
+    """The baseline and the main predictors with predictions (``MAIN_PREDICTORS``); without any of
+    those, the first predictor of each family, an averaging (Bayesian) one first."""
+    base = baseline(inputs)
+    chosen = [base] if base is not None and base.predictions is not None else []
+    by_name = {p.name: p for p in inputs.predictors if p.predictions is not None}
+    main = [by_name[n] for n in MAIN_PREDICTORS if n in by_name and n != inputs.baseline]
+    if main:
+        return chosen + main
+    for members in families(inputs).values():
+        ranked = sorted(members, key=lambda p: not is_bayesian(p))
+        first = next((p for p in ranked if p.predictions is not None), None)
+        if first is not None:
+            chosen.append(first)
+    return chosen

@@ -14,7 +14,6 @@ from ..blocks import Block, Cell, Heading, Paragraph, Section, Table, TableBlock
 from ..formats import fmt_value
 from ..inputs import PredictorResult, ReportInputs
 from ..uncertainty import Uncertainty
-from .selective import representatives
 
 PREFIX = "c_"
 KEYS = (("accuracy", "accuracy (%)"), ("nll", "NLL"), ("ece", "ECE"))
@@ -60,7 +59,7 @@ def table(inputs: ReportInputs, severities: list[int]) -> Table:
 
 
 def curves(inputs: ReportInputs) -> Figure | None:
-    chosen = [p for p in representatives(inputs) if by_severity(p)] or [
+    chosen = [p for p in style.main_predictors(inputs) if by_severity(p)] or [
         p for p in inputs.predictors if by_severity(p)
     ][:1]
     if not chosen:

@@ -15,7 +15,7 @@ from ...evaluation.selective import risk_coverage
 from .. import style
 from ..blocks import Block, Cell, Heading, Paragraph, Section, Table, TableBlock, figure
 from ..formats import with_interval
-from ..inputs import PredictorResult, ReportInputs, is_bayesian
+from ..inputs import PredictorResult, ReportInputs
 from ..intervals import SELECTIVE
 from ..uncertainty import Uncertainty
 
@@ -48,27 +48,6 @@ def _curve(p: PredictorResult) -> tuple[np.ndarray, np.ndarray] | None:
     return coverage.numpy(), risk.numpy()
 
 
-# The predictors the papers compare, drawn when present; otherwise one per family.
-MAIN = ("swa", "swag", "multiswag", "ensemble", "laplace", "mc_dropout", "vi", "hwa", "sgld")
-
-
-def representatives(inputs: ReportInputs) -> list[PredictorResult]:
-    """The baseline and the main predictors with predictions (``MAIN``); without any of
-    those, the first predictor of each family, an averaging (Bayesian) one first."""
-    base = style.baseline(inputs)
-    chosen = [base] if base is not None and base.predictions is not None else []
-    by_name = {p.name: p for p in inputs.predictors if p.predictions is not None}
-    main = [by_name[n] for n in MAIN if n in by_name and n != inputs.baseline]
-    if main:
-        return chosen + main
-    for members in style.families(inputs).values():
-        ranked = sorted(members, key=lambda p: not is_bayesian(p))
-        first = next((p for p in ranked if p.predictions is not None), None)
-        if first is not None:
-            chosen.append(first)
-    return chosen
-
-
 def _colours(chosen: list[PredictorResult], baseline: str) -> dict[str, Any]:
     """A colour of its own for each drawn predictor (families share colours elsewhere),
     the baseline grey."""
@@ -80,8 +59,8 @@ def _colours(chosen: list[PredictorResult], baseline: str) -> dict[str, Any]:
 
 
 def curves_figure(inputs: ReportInputs) -> Figure | None:
-    """Risk-coverage of the representatives, in full and zoomed on coverage 0.5-1."""
-    chosen = [(p, c) for p in representatives(inputs) if (c := _curve(p)) is not None]
+    """Risk-coverage of the main predictors, in full and zoomed on coverage ``ZOOM``-1."""
+    chosen = [(p, c) for p in style.main_predictors(inputs) if (c := _curve(p)) is not None]
     if not chosen:
         return None
     colours = _colours([p for p, _ in chosen], inputs.baseline)

@@ -165,3 +165,44 @@ def imagefolder_factory(tmp_path: Path) -> ImageFolderFactory:
 def imagefolder(imagefolder_factory: ImageFolderFactory) -> Path:
     """Three classes of two 12x10 RGB images each."""
     return imagefolder_factory()
+
+
+@pytest.fixture(scope="module")
+def bn_swag_posterior(
+    tmp_path_factory: pytest.TempPathFactory, mnist5k_prepared: PreparedDir
+) -> Path:
+    """A SWAG posterior of a small BatchNorm MLP trained a few steps on mnist5k (the CLI's
+    tests: BatchNorm recomputed per sample, swa_ts's temperature fit)."""
+    from bayesavg.data.prepared import to_input
+    from bayesavg.models import build_model
+    from bayesavg.posteriors.file import PosteriorFile, save_posterior
+    from bayesavg.posteriors.swag import SWAG
+
+    prepared = mnist5k_prepared.prepared
+    kwargs = {"hidden": [16], "batch_norm": True}
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_model("mlp", prepared.input_shape, prepared.num_classes, kwargs)
+        x = to_input(prepared.train.x, prepared.manifest["mean"], prepared.manifest["std"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        swag = SWAG(sum(p.numel() for p in model.parameters()), max_rank=4)
+        for idx in torch.randperm(len(x)).split(128):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[idx]), prepared.train.y[idx]).backward()
+            opt.step()
+            swag.collect(model)
+    posterior = PosteriorFile.from_model(
+        model,
+        trajectory="swag",
+        model_name="mlp",
+        model_kwargs=kwargs,
+        input_shape=prepared.input_shape,
+        mean=prepared.manifest["mean"],
+        std=prepared.manifest["std"],
+        num_classes=prepared.num_classes,
+        data=dict(MNIST5K_DATA),
+        collector=swag.state_dict(),
+    )
+    path = tmp_path_factory.mktemp("bn") / "posterior.pt"
+    save_posterior(path, posterior)
+    return path

@@ -13,10 +13,8 @@ import torch
 from PIL import Image
 
 from bayesavg.cli import main
-from bayesavg.data.prepared import Prepared, load_eval_split, to_input
+from bayesavg.data.prepared import Prepared, load_eval_split
 from bayesavg.evaluation.evaluate import Evaluation, bn_subset, evaluate
-from bayesavg.models import build_model
-from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile, load_posterior, save_posterior
 from bayesavg.predictors.calibration import fit_temperature
 from bayesavg.seeding import derive_seed
@@ -61,43 +59,6 @@ def _stage_predict(
     val = evaluate(posterior, method, {"val": splits["val"]}, **kw)["val"]
     temperature = fit_temperature(val.log_probs, splits["val"][1])
     return temperature, evaluate(posterior, method, splits, **kw, temperature=temperature)
-
-
-@pytest.fixture(scope="module")
-def bn_swag_posterior(
-    tmp_path_factory: pytest.TempPathFactory, mnist5k_prepared: PreparedDir
-) -> Path:
-    """A SWAG posterior of a small BatchNorm MLP: swa_ts recomputes BatchNorm."""
-    from conftest import MNIST5K_DATA
-
-    prepared = mnist5k_prepared.prepared
-    kwargs = {"hidden": [16], "batch_norm": True}
-    with torch.random.fork_rng():
-        torch.manual_seed(1)
-        model = build_model("mlp", prepared.input_shape, prepared.num_classes, kwargs)
-        x = to_input(prepared.train.x, prepared.manifest["mean"], prepared.manifest["std"])
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        swag = SWAG(sum(p.numel() for p in model.parameters()), max_rank=4)
-        for idx in torch.randperm(len(x)).split(128):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[idx]), prepared.train.y[idx]).backward()
-            opt.step()
-            swag.collect(model)
-    posterior = PosteriorFile.from_model(
-        model,
-        trajectory="swag",
-        model_name="mlp",
-        model_kwargs=kwargs,
-        input_shape=prepared.input_shape,
-        mean=prepared.manifest["mean"],
-        std=prepared.manifest["std"],
-        num_classes=prepared.num_classes,
-        data=dict(MNIST5K_DATA),
-        collector=swag.state_dict(),
-    )
-    path = tmp_path_factory.mktemp("bn_ts") / "posterior.pt"
-    save_posterior(path, posterior)
-    return path
 
 
 def test_the_val_split_is_the_data_stages(mnist5k_prepared: PreparedDir) -> None:

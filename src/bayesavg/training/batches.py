@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -22,8 +22,27 @@ from .augment import Augment, EpochDraws, apply
 from .distributed import World
 
 
+class ByIndex:
+    """An epoch of a split whose subclass gives each batch by index (``batch(idx, draws)``)."""
+
+    batch: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def epoch(
+        self,
+        order: Order,
+        bounds: list[tuple[int, int]],
+        world: World | None,
+        draws: EpochDraws | None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
+        """An epoch's batches in ``order``: (inputs, labels, this rank's share of the batch)."""
+        for start, end in bounds:
+            idx = order.device[start:end]
+            local = shard(idx, world)
+            yield (*self.batch(local, draws), local.shape[0] / idx.shape[0])
+
+
 @dataclass(frozen=True)
-class Tensors:
+class Tensors(ByIndex):
     """Model-ready inputs (float, normalised) and labels, already on the device."""
 
     x: torch.Tensor
@@ -37,32 +56,9 @@ class Tensors:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[idx], self.y[idx]
 
-    def epoch(
-        self,
-        order: Order,
-        bounds: list[tuple[int, int]],
-        world: World | None,
-        draws: EpochDraws | None,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
-        return in_memory_epoch(self, order, bounds, world, draws)
-
-
-def in_memory_epoch(
-    data: Tensors | TrainData,
-    order: Order,
-    bounds: list[tuple[int, int]],
-    world: World | None,
-    draws: EpochDraws | None,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
-    """An epoch's batches in ``order``: (inputs, labels, this rank's share of the batch)."""
-    for start, end in bounds:
-        idx = order.device[start:end]
-        local = shard(idx, world)
-        yield (*data.batch(local, draws), local.shape[0] / idx.shape[0])
-
 
 @dataclass(frozen=True)
-class TrainData:
+class TrainData(ByIndex):
     """The training split on the device as uint8, normalised (and augmented) per batch.
 
     Normalising a batch applies the same elementwise operations as
@@ -118,15 +114,6 @@ class TrainData:
             ]
         )
 
-    def epoch(
-        self,
-        order: Order,
-        bounds: list[tuple[int, int]],
-        world: World | None,
-        draws: EpochDraws | None,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, float]]:
-        return in_memory_epoch(self, order, bounds, world, draws)
-
 
 @dataclass(frozen=True)
 class StreamedData(TrainData):
@@ -164,7 +151,7 @@ class StreamedData(TrainData):
             # (measured: benchmarks/streaming.py), so the batches are gathered in turn.
             workers = 2 if self.y.device.type == "cuda" else 0
         if workers == 0:
-            yield from in_memory_epoch(self, order, bounds, world, draws)
+            yield from super().epoch(order, bounds, world, draws)
             return
         pending: deque[Future[tuple[torch.Tensor, torch.cuda.Event | None]]] = deque()
         hosts = [shard(order.host[start:end], world) for start, end in bounds]

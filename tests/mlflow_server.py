@@ -1,18 +1,22 @@
 """A team's MLflow tracking server for the tests: ``mlflow server`` with its own SQLite
 database and artifact folder on a free localhost port, started and stopped by the test
 that needs it (``running_server``); ``kill`` takes it down mid-test, ``start`` brings it
-back on the same port and store."""
+back on the same port and store. ``ErrorProxy`` stands in front of it as a load
+balancer whose backend fails: it forwards every request until told to answer 503."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from pipeline_repo import PYTHON, env
@@ -81,3 +85,68 @@ def running_server(folder: Path) -> Iterator[MlflowServer]:
         yield server
     finally:
         server.kill()
+
+
+class ErrorProxy:
+    """An HTTP proxy to ``upstream`` (host, port) on a free port. ``fail()`` makes it
+    answer every request 503 until ``heal()``; ``fail_when(test)`` does so from the first
+    request for which ``test(method, path, body)`` holds, that request included."""
+
+    def __init__(self, upstream: MlflowServer) -> None:
+        self.upstream = upstream
+        self.failing = False
+        self.failed = 0  # requests answered 503
+        self._when: Callable[[str, str, bytes], bool] | None = None
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy._when is not None and proxy._when(self.command, self.path, body):
+                    proxy.failing, proxy._when = True, None
+                if proxy.failing:
+                    proxy.failed += 1
+                    self.send_response(503, "Service Unavailable")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self) -> None:
+        self.failing = True
+
+    def fail_when(self, test: Callable[[str, str, bytes], bool]) -> None:
+        self._when = test
+
+    def heal(self) -> None:
+        self.failing, self._when = False, None
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlflow_server import MlflowServer, running_server
+from mlflow_server import ErrorProxy, MlflowServer, running_server
 from pipeline_repo import PYTHON, default_params, env, make_repo
 
+from bayesavg.runtime.io import write_json
 from bayesavg.tracking import spool as spool_module
-from bayesavg.tracking.mlflow_run import Run, store_client
+from bayesavg.tracking.mlflow_run import PIPELINE_TAG, Run, store_client
 from bayesavg.tracking.source import default_store
 from bayesavg.tracking.worker import Tracker, serve
 
@@ -104,13 +106,95 @@ def test_a_run_started_during_the_outage_is_created_by_the_replay(
     monkeypatch.setattr(store, "open_run", real)
     [spooled] = list((tmp_path / "spool").glob("*.jsonl"))
     progress = spooled.with_suffix(".progress.json")
-    assert spool_module.replay(spooled, uri, (tmp_path / "art").as_uri()) == 3
+    assert spool_module.replay(spooled, uri, (tmp_path / "art").as_uri()) == 4
     assert not spooled.exists() and not progress.exists()
     [found] = store_client(uri).search_runs(
         [store_client(uri).get_experiment_by_name("outage").experiment_id]
     )
     assert found.info.run_name == "finetune@swag" and found.data.tags["k"] == "v"
     assert found.data.metrics == {"acc": 0.9} and found.info.status == "KILLED"
+
+
+def test_a_replay_gives_placeholders_their_ids_and_sends_files_the_stage_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run started during the outage: its run file holds a placeholder, its artifact
+    lay in a scratch folder the stage removed. The next stage resumes it by that
+    placeholder: its worker replays the spool first, and the resumed run is that run."""
+    import bayesavg.tracking.store as store
+
+    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    runs = tmp_path / "runs"
+    real = store.open_run
+    monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "note.txt").write_text("kept\n")
+    logged = {"op": "log_artifact", "path": str(scratch / "note.txt"), "artifact_path": None}
+    out = io.StringIO()
+    assert (
+        serve(
+            uri, art, _ops(START, logged, {"op": "end", "status": "FINISHED"}), out, runs / "spool"
+        )
+        == 0
+    )
+    placeholder = json.loads(out.getvalue().splitlines()[1])["run_id"]
+    assert placeholder.startswith("spooled:")
+    write_json(runs / "finetune@swag.json", {"run_id": placeholder, "stage": "finetune@swag"})
+    shutil.rmtree(scratch)
+    monkeypatch.setattr(store, "open_run", real)
+    resumed = {**START, "resume": placeholder}
+    calls = _ops(
+        resumed, {"op": "log_metrics", "metrics": {"acc": 0.9}}, {"op": "end", "status": "FINISHED"}
+    )
+    out = io.StringIO()
+    assert serve(uri, art, calls, out, runs / "spool") == 0
+    run_id = json.loads((runs / "finetune@swag.json").read_text())["run_id"]
+    assert json.loads(out.getvalue().splitlines()[1])["run_id"] == run_id
+    client = store_client(uri)
+    [found] = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+    assert found.info.run_id == run_id and found.data.metrics == {"acc": 0.9}
+    assert [a.path for a in client.list_artifacts(run_id)] == ["note.txt"]
+    assert (
+        Path(client.download_artifacts(run_id, "note.txt", str(tmp_path))).read_text() == "kept\n"
+    )
+    assert sorted(p.name for p in (runs / "spool").iterdir()) == ["ids.json"]
+    assert json.loads((runs / "spool" / "ids.json").read_text()) == {placeholder: run_id}
+
+
+def test_an_execution_ends_with_the_status_of_its_stages(tmp_path: Path) -> None:
+    """Three stages of one execution: the first finishes, the second dies (its worker's
+    stdin closes before the run ends), the third finishes: the parent run ends KILLED
+    and its summary says which stage did not finish."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = {"key": "host:1:2:", "name": "dvc repro 2026-11-27"}
+
+    def stage(name: str, *, dies: bool = False) -> str:
+        start = {**START, "run_name": name, "parent": parent}
+        done = {"op": "record_in_parent", "stage": name, "reused": {}, "status": "FINISHED"}
+        calls = [start, {"op": "log_metrics", "metrics": {"m": 1.0}}]
+        calls += [] if dies else [done, {"op": "end", "status": "FINISHED"}]
+        code, answers = _serve(uri, tmp_path, *calls)
+        assert code == 0
+        return str(answers[1]["run_id"])
+
+    client = store_client(uri)
+
+    def parent_run() -> Any:
+        exp = client.get_experiment_by_name("outage")
+        return client.search_runs([exp.experiment_id], "tags.`bayesavg.execution` != ''")[0]
+
+    stage("finetune@sgd")
+    assert parent_run().info.status == "FINISHED"
+    died = stage("evaluate@sgd", dies=True)
+    assert client.get_run(died).info.status == "KILLED"
+    assert parent_run().info.status == "KILLED"
+    stage("evaluate@swag")
+    found = parent_run()
+    assert found.info.status == "KILLED"
+    summary = json.loads(found.data.tags[PIPELINE_TAG])
+    assert summary["failed"] == {"evaluate@sgd": "KILLED"} and len(summary["ran"]) == 3
+    assert "Did not finish: evaluate@sgd (KILLED)" in found.data.tags["mlflow.note.content"]
 
 
 def test_a_servers_experiments_keep_their_artifacts_on_the_server(
@@ -151,9 +235,11 @@ def test_a_stage_stops_before_computing_when_the_server_is_down(tmp_path: Path) 
     assert seconds < 15
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[MlflowServer]:
-    with running_server(tmp_path) as found:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One server for the module (a start takes seconds); a test that kills it starts it
+    again on the same port and store."""
+    with running_server(tmp_path_factory.mktemp("server")) as found:
         yield found
 
 
@@ -213,3 +299,53 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: MlflowServer, tmp_pa
     stored = sorted(p.name for p in server.artifacts.rglob("*.txt"))
     assert stored == ["after.txt", "before.txt"]  # in the server's store, not the client's
     assert not (root / "mlartifacts").exists()
+
+
+def test_a_server_answering_errors_mid_run_loses_nothing(
+    server: MlflowServer, tmp_path: Path
+) -> None:
+    """Behind a proxy whose backend starts answering 503 while a run logs: the worker
+    gives up after its bounded retries, spools the rest and exits 0; once the errors
+    stop, ``bayesavg track --sync`` completes the run, once."""
+    proxy = ErrorProxy(server)
+    try:
+        root = tmp_path / "project"
+        (root / "runs").mkdir(parents=True)
+        environ = env(MLFLOW_TRACKING_URI=proxy.uri)
+        spool_dir = str(root / "runs" / "spool")
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "bayesavg.tracking.worker", proxy.uri, "", spool_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environ,
+        )
+        tracker = Tracker(proc, proxy.uri)
+        assert tracker.unreachable() is None
+        with tracker.run("finetune@swag", experiment="team", tags={}, inputs={}) as run:
+            run.log_metrics({"epoch_loss": 1.0}, step=1)
+            run_id = run.run_id
+            deadline = time.time() + 30
+            while not store_client(server.uri).get_run(run_id).data.metrics:
+                assert time.time() < deadline, "the first metric never reached the server"
+                time.sleep(0.2)
+            proxy.fail()
+            started = time.perf_counter()
+            run.log_metrics({"epoch_loss": 0.5}, step=2)
+            run.log_params({"lr": 0.05})
+        seconds = time.perf_counter() - started
+        stderr = proc.stderr.read() if proc.stderr else ""
+        assert proc.returncode == 0 and proxy.failed >= 1
+        assert "tracking calls are kept in" in stderr and "503" in stderr, stderr
+        assert seconds < 60  # bounded retries, stated in the README
+        proxy.heal()
+        cli = [str(BIN / "bayesavg"), "track", "--sync", "--root", str(root)]
+        done = subprocess.run(cli, env=environ, capture_output=True, text=True)
+        assert done.returncode == 0 and "sent 3 spooled calls" in done.stdout, done.stderr
+        found = store_client(server.uri).get_run(run_id)
+        assert found.info.status == "FINISHED" and found.data.params == {"lr": "0.05"}
+        history = store_client(server.uri).get_metric_history(run_id, "epoch_loss")
+        assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.5)]
+    finally:
+        proxy.close()

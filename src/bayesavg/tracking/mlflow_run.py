@@ -230,9 +230,11 @@ class Run:
         version = register_best(self.tracking_uri, name, candidates)
         self.set_tags({"registered_model": f"models:/{name}/{version}"})
 
-    def record_in_parent(self, stage: str, reused: Mapping[str, str], status: str) -> None:
-        """Tell this run's parent (its pipeline execution) that ``stage`` ran here, which
-        stages it reused (stage -> the run that made their outputs), and end it ``status``.
+    def record_in_parent(self, stage: str, reused: Mapping[str, str] | None, status: str) -> None:
+        """Tell this run's parent (its pipeline execution) that ``stage`` ran here with
+        ``status``, which stages it reused (stage -> the run that made their outputs;
+        None: as recorded before), and end it: FINISHED only while every stage of the
+        execution has finished, else the first other status a stage ended with.
 
         Stages of one execution run one after another, so this read-modify-write of
         the parent's summary is never concurrent; each stage rewrites it whole, and
@@ -245,6 +247,12 @@ class Run:
             return
         found = json.loads(self._client.get_run(parent).data.tags.get(PIPELINE_TAG, "{}"))
         ran = {**found.get("ran", {}), stage: self.run_id}
+        if reused is None:
+            reused = found.get("reused", {})
+        failed = {**found.get("failed", {})}
+        if status != "FINISHED":
+            failed.setdefault(stage, status)
+        status = next(iter(failed.values()), status)
         kept = {k: v for k, v in sorted(reused.items()) if k not in ran}
         note = [f"Ran {len(ran)} stage(s): {', '.join(ran)}."]
         if kept:
@@ -253,7 +261,14 @@ class Run:
                 + "; ".join(f"{k} (run {v})" for k, v in kept.items())
                 + "."
             )
-        summary = json.dumps({"ran": ran, "reused": kept}, sort_keys=True)
+        if failed:
+            note.append(
+                "Did not finish: " + ", ".join(f"{k} ({v})" for k, v in failed.items()) + "."
+            )
+        summary = json.dumps(
+            {"ran": ran, "reused": kept, **({"failed": failed} if failed else {})},
+            sort_keys=True,
+        )
         self._client.set_tag(parent, PIPELINE_TAG, summary)
         self._client.set_tag(parent, "mlflow.note.content", " ".join(note))
         self._client.set_terminated(parent, status=status)

@@ -11,6 +11,14 @@ interrupted replay continues where it stopped and a finished spool is removed: r
 twice sends nothing twice. The next stage that reaches the store replays what it finds
 (``replay_all``), and so does ``bayesavg track --sync``.
 
+A run started during an outage has no id yet: the stage gets a placeholder
+(``spooled:<spool>:<n>``), which its run file records and later stages may pass on (a
+resumed run, a registered candidate). The replay keeps each placeholder's real id in
+``ids.json`` beside the spools, rewrites the run files that hold it, and resolves it in
+every later call. Files a spooled call names (an artifact, a model's posterior) are kept
+beside the spool as hard links (copies across file systems) when the call is spooled:
+the stage may delete its scratch files, and a later run may replace an output.
+
 The start of a stage is the other case: when an HTTP tracking server cannot be reached
 then, ``check_reachable`` says so in one line before anything is computed.
 """
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +42,14 @@ RETRIES = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
 }
 PROBE_SECONDS = 5.0  # one attempt's timeout when a stage starts; two attempts at most
+PLACEHOLDER = "spooled:"
+IDS = "ids.json"  # placeholder -> the run id its replay created
+# the fields of a call that name a file or folder to send
+FILE_FIELDS = {
+    "log_artifact": ("path",),
+    "log_artifact_once": ("path",),
+    "log_model": ("posterior", "code", "bn_images"),
+}
 
 
 def bound_retries() -> None:
@@ -105,18 +122,82 @@ class Spool:
         spool._write({"op": "outage", "uri": tracking_uri, "cause": cause, "at": time.time()})
         return spool
 
+    @property
+    def files(self) -> Path:
+        """Where the files its calls name are kept until the replay."""
+        return self.path.with_suffix(".files")
+
+    def placeholder(self, run: int) -> str:
+        """The id a stage is given for run ``run`` started during the outage."""
+        return f"{PLACEHOLDER}{self.path.name}:{run}"
+
     def attach(self, run: int, run_id: str) -> None:
         self._write({"op": "attach", "run": run, "run_id": run_id})
 
     def add(self, run: int, op: str, fields: Mapping[str, Any]) -> None:
+        fields = dict(fields)
+        for key in FILE_FIELDS.get(op, ()):
+            if fields.get(key):
+                fields[key] = str(self._keep(Path(fields[key])))
         self._write({"op": op, "run": run, **fields})
         self.calls += 1
+
+    def _keep(self, path: Path) -> Path:
+        """A hard link (a copy across file systems) of ``path`` beside the spool."""
+        kept = self.files / str(self.calls) / path.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            shutil.copytree(path, kept, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(str(path), str(kept))
+        return kept
 
     def _write(self, record: Mapping[str, Any]) -> None:
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def load_ids(folder: Path) -> dict[str, str]:
+    """Placeholder -> real run id, for every run a replay in ``folder`` created."""
+    path = folder / IDS
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def resolve(value: Any, ids: Mapping[str, str]) -> Any:
+    """``value`` with every placeholder the replays know replaced by its run id."""
+    if isinstance(value, str):
+        return ids.get(value, value) if value.startswith(PLACEHOLDER) else value
+    if isinstance(value, Mapping):
+        return {k: resolve(v, ids) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, ids) for v in value]
+    return value
+
+
+def _record_id(folder: Path, ids: dict[str, str], placeholder: str, run_id: str) -> None:
+    """Keep the mapping (atomically) and put the real id in the run files that hold the
+    placeholder (``runs/*.json``, the folder above the spools)."""
+    from ..runtime.io import write_json
+
+    ids[placeholder] = run_id
+    write_json(folder / IDS, ids)
+    for path in folder.parent.glob("*.json"):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("run_id") == placeholder:
+            write_json(path, {**record, "run_id": run_id})
 
 
 def _progress_path(spool: Path) -> Path:
@@ -130,6 +211,7 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
     from .store import open_run
 
     lines = [json.loads(line) for line in spool.read_text(encoding="utf-8").splitlines() if line]
+    ids = load_ids(spool.parent)
     progress_file = _progress_path(spool)
     progress = (
         json.loads(progress_file.read_text()) if progress_file.exists() else {"done": 0, "runs": {}}
@@ -138,7 +220,7 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
     runs: dict[str, Any] = {k: Run(client, v, tracking_uri) for k, v in progress["runs"].items()}
     sent = 0
     for i in range(progress["done"], len(lines)):
-        record = dict(lines[i])
+        record = resolve(dict(lines[i]), ids)
         op, run = record.pop("op"), str(record.pop("run", ""))
         if op == "attach":
             runs[run] = Run(client, record["run_id"], tracking_uri)
@@ -152,6 +234,8 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
             )
             runs[run] = opened
             progress["runs"][run] = opened.run_id
+            placeholder = Spool(spool).placeholder(int(run))
+            _record_id(spool.parent, ids, placeholder, opened.run_id)
         elif op == "end":
             runs[run].terminate(record["status"])
         elif op != "outage":
@@ -161,6 +245,7 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
         progress_file.write_text(json.dumps(progress))
     spool.unlink()
     progress_file.unlink(missing_ok=True)
+    shutil.rmtree(Spool(spool).files, ignore_errors=True)
     return sent
 
 

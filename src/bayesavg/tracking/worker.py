@@ -35,6 +35,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+KILLED = "KILLED"  # a run whose stage died without ending it
+
 
 class TrackingError(RuntimeError):
     """The tracking worker failed (its own error is on stderr above)."""
@@ -246,7 +248,7 @@ def serve(
     the one-line reason in ``error``). A call that fails later sends it and every later
     call to a spool under ``spool_dir`` instead (``spool``), and the stage goes on.
     """
-    from .spool import Spool, bound_retries, check_reachable, replay_all
+    from .spool import Spool, bound_retries, check_reachable, load_ids, replay_all, resolve
 
     bound_retries()
     problem = check_reachable(tracking_uri)
@@ -265,15 +267,17 @@ def serve(
     gc.enable()
     if spool_dir is not None:
         _replay_pending(spool_dir, tracking_uri, artifact_location, replay_all)
+    ids = load_ids(spool_dir) if spool_dir is not None else {}
     run = None
     index = -1  # this worker's runs, counted from 0
+    name = ""
     ended = False
     spool: Spool | None = None
     for line in stdin:
-        msg = json.loads(line)
+        msg = resolve(json.loads(line), ids)  # runs the replay has created since
         op = msg.pop("op")
         if op == "start":
-            index, ended = index + 1, False
+            index, ended, name = index + 1, False, msg["run_name"]
         if spool is None:
             try:
                 if op == "start":
@@ -299,19 +303,22 @@ def serve(
                     spool.attach(index, run.run_id)
         spool.add(index, op, msg)
         if op == "start":
-            _answer(stdout, {"run_id": f"spooled:{spool.path.name}:{index}"})
+            _answer(stdout, {"run_id": spool.placeholder(index)})
         ended = ended or op == "end"
     if spool is not None:
         if index >= 0 and not ended:
-            spool.add(index, "end", {"status": "KILLED"})
+            spool.add(index, "record_in_parent", {"stage": name, "reused": None, "status": KILLED})
+            spool.add(index, "end", {"status": KILLED})
         sys.stderr.write(
             f"warning: MLflow tracking at {tracking_uri} failed during this stage "
             f"({_cause(spool)}); its outputs are written, and {spool.calls} tracking "
             f"calls are kept in {spool.path}: the next stage that reaches the server "
             "sends them, or run `bayesavg track --sync`\n"
         )
-    elif run is not None and not ended:
-        run.terminate("KILLED")
+    elif run is not None and not ended:  # the stage died without ending its run
+        with contextlib.suppress(Exception):
+            run.record_in_parent(name, None, KILLED)
+        run.terminate(KILLED)
     return 0
 
 

@@ -89,12 +89,14 @@ def running_server(folder: Path) -> Iterator[MlflowServer]:
 
 class ErrorProxy:
     """An HTTP proxy to ``upstream`` (host, port) on a free port. ``fail()`` makes it
-    answer every request 503 until ``heal()``; ``fail_when(test)`` does so from the first
-    request for which ``test(method, path, body)`` holds, that request included."""
+    answer every request 503 (``status``) until ``heal()``; ``fail_when(test)`` does so from
+    the first request for which ``test(method, path, body)`` holds, that request included.
+    Without an upstream it only answers ``status``."""
 
-    def __init__(self, upstream: MlflowServer) -> None:
+    def __init__(self, upstream: MlflowServer | None, status: int = 503) -> None:
         self.upstream = upstream
-        self.failing = False
+        self.status = status
+        self.failing = upstream is None
         self.failed = 0  # requests answered 503
         self._when: Callable[[str, str, bytes], bool] | None = None
         proxy = self
@@ -107,9 +109,9 @@ class ErrorProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if proxy._when is not None and proxy._when(self.command, self.path, body):
                     proxy.failing, proxy._when = True, None
-                if proxy.failing:
+                if proxy.failing or proxy.upstream is None:
                     proxy.failed += 1
-                    self.send_response(503, "Service Unavailable")
+                    self.send_response(proxy.status)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return

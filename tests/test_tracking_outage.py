@@ -216,6 +216,27 @@ def test_an_unreachable_server_is_one_line_within_seconds() -> None:
     assert spool_module.check_reachable("sqlite:///x.db") is None
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_credentials_are_one_line_naming_the_token(status: int) -> None:
+    proxy = ErrorProxy(None, status=status)
+    try:
+        found = spool_module.check_reachable(proxy.uri)
+    finally:
+        proxy.close()
+    assert found is not None and "\n" not in found and proxy.uri in found
+    assert f"refused the credentials (HTTP {status})" in found
+    assert "MLFLOW_TRACKING_TOKEN" in found and proxy.failed == 1  # asked once: no retry
+
+
+def test_an_unknown_host_is_one_line_within_seconds() -> None:
+    started = time.perf_counter()
+    found = spool_module.check_reachable("http://tracking.invalid:5000")
+    assert time.perf_counter() - started < 15
+    assert found is not None and "\n" not in found
+    assert "http://tracking.invalid:5000 is unreachable (" in found
+    assert "Connection refused" not in found  # the resolver's own words
+
+
 def test_a_stage_stops_before_computing_when_the_server_is_down(tmp_path: Path) -> None:
     """The data stage with MLFLOW_TRACKING_URI at a closed port: exit 2, one line naming
     the URI and the cause, no output, well within 15 seconds."""

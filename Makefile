@@ -86,7 +86,8 @@ test: lint
 
 # Tests marked slow (the default pipeline end to end on a tiny model, the CIFAR preset and
 # a pretrained torchvision network end to end on generated images, the emulated CPUs, stages
-# under torchrun, two queued DVC experiments run in parallel): not in `make test`.
+# under torchrun, two queued DVC experiments run in parallel, a tracking server failing
+# mid-pipeline, MLflow's scoring server): not in `make test`.
 test-slow: install
 	pytest -m slow
 

@@ -121,6 +121,7 @@ def test_a_pretrained_torchvision_model_on_an_image_folder(tmp_path: Path) -> No
     assert "changed" not in sh(repo, DVC, "status", environ=environ).stdout
 
 
+@pytest.mark.slow  # ~25 s: dvc repro finetune@swag on streamed arrays, then dvc status
 def test_editing_the_factory_reruns_the_stages_that_build_the_model(tmp_path: Path) -> None:
     """Also the data stage's streamed storage under DVC: training reads the arrays."""
     images = write_images(tmp_path / "images", per_class=6, size=16)

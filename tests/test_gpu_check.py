@@ -505,6 +505,7 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     )
 
 
+@pytest.mark.slow  # ~10 s: ResNet-50 at 224 on the CPU; the other parts run in the default suite
 def test_resnet50_throughput_at_224_runs_ours_and_the_bare_loop(tmp_path: Path) -> None:
     """Issue 28's gpu-check part at toy size on the CPU: ResNet-50 on 224x224 images with
     the random resized crop and flip, ours against the bare loop; the reference code has

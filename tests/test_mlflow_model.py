@@ -145,6 +145,7 @@ def _post(url: str, body: dict[str, Any]) -> Any:
         return json.loads(answer.read())
 
 
+@pytest.mark.slow  # ~15 s: `mlflow models serve` starts a scoring server
 def test_registered_best_model_is_served_over_http(
     tmp_path: Path, posterior: Path, mnist5k_prepared: PreparedDir
 ) -> None:

@@ -162,6 +162,32 @@ def test_a_replay_gives_placeholders_their_ids_and_sends_files_the_stage_deleted
     assert json.loads((runs / "spool" / "ids.json").read_text()) == {placeholder: run_id}
 
 
+def test_a_call_the_store_refuses_is_kept_aside_and_the_replay_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spooled artifact whose file is gone by the replay: the store is reachable, so
+    the call is kept in refused.jsonl with its error, and the calls after it are sent."""
+    import bayesavg.tracking.store as store
+
+    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    real = store.open_run
+    monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+    missing = {"op": "log_artifact", "path": str(tmp_path / "gone.txt"), "artifact_path": None}
+    after = {"op": "log_metrics", "metrics": {"acc": 0.9}}
+    end = {"op": "end", "status": "FINISHED"}
+    assert _serve(uri, tmp_path, START, missing, after, end)[0] == 0
+    monkeypatch.setattr(store, "open_run", real)
+    [spooled] = list((tmp_path / "spool").glob("*.jsonl"))
+    assert spool_module.replay(spooled, uri, art) == 4
+    [refused] = [json.loads(line) for line in (tmp_path / "spool" / "refused.jsonl").open()]
+    assert refused["call"]["op"] == "log_artifact" and "gone.txt" in refused["error"]
+    assert "refused a spooled log_artifact" in capsys.readouterr().err
+    client = store_client(uri)
+    [found] = client.search_runs([client.get_experiment_by_name("outage").experiment_id])
+    assert found.data.metrics == {"acc": 0.9} and found.info.status == "FINISHED"
+    assert not spooled.exists()
+
+
 def test_an_execution_ends_with_the_status_of_its_stages(tmp_path: Path) -> None:
     """Three stages of one execution: the first finishes, the second dies (its worker's
     stdin closes before the run ends), the third finishes: the parent run ends KILLED

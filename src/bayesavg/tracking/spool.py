@@ -25,6 +25,7 @@ then, ``check_reachable`` says so in one line before anything is computed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -138,7 +139,10 @@ class Spool:
         fields = dict(fields)
         for key in FILE_FIELDS.get(op, ()):
             if fields.get(key):
-                fields[key] = str(self._keep(Path(fields[key])))
+                # a file that is gone already stays named as it was: its call fails at the
+                # replay, as it would have failed now; the stage goes on either way
+                with contextlib.suppress(OSError):
+                    fields[key] = str(self._keep(Path(fields[key])))
         self._write({"op": op, "run": run, **fields})
         self.calls += 1
 
@@ -239,7 +243,12 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
         elif op == "end":
             runs[run].terminate(record["status"])
         elif op != "outage":
-            getattr(runs[run], op)(**record)
+            try:
+                getattr(runs[run], op)(**record)
+            except Exception as err:
+                if check_reachable(tracking_uri) is not None:
+                    raise  # the store is down again: the rest waits for the next replay
+                _skip(spool, lines[i], err)  # the store refuses this call: never again
         sent += op not in ("outage", "attach")
         progress["done"] = i + 1
         progress_file.write_text(json.dumps(progress))
@@ -247,6 +256,20 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
     progress_file.unlink(missing_ok=True)
     shutil.rmtree(Spool(spool).files, ignore_errors=True)
     return sent
+
+
+def _skip(spool: Path, record: Mapping[str, Any], err: Exception) -> None:
+    """Keep a call the reachable store refused (a file gone, a value it rejects) beside
+    the spools, with why, instead of retrying it at every replay and blocking the rest."""
+    import sys
+
+    cause = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    with (spool.parent / "refused.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"spool": spool.name, "call": record, "error": cause}) + "\n")
+    sys.stderr.write(
+        f"warning: the tracking store refused a spooled {record['op']} ({cause}); it is kept "
+        f"in {spool.parent / 'refused.jsonl'} and the replay goes on\n"
+    )
 
 
 def pending(folder: Path, tracking_uri: str) -> list[Path]:

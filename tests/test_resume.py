@@ -262,10 +262,12 @@ KILLS = {
 }
 
 
-# swag in `make test`; hwa and ensemble (30-40 s each on 2 cores) in `make test-slow`
-@pytest.mark.parametrize(
-    "name", [n if n == "swag" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(KILLS)]
-)
+# `make test-slow` (35-55 s each on 2 cores, with the pipeline up to finetune@vi they share):
+# in `make test`, the same resume is checked bitwise in-process
+# (test_interrupted_finetune_resumes_bitwise) and the killed run's reopening by the worker
+# (test_tracking_worker.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(KILLS))
 def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str) -> None:
     repo, stage = kill_repo, f"finetune@{name}"
     out = repo / "models" / name / "posterior.pt"
@@ -296,6 +298,8 @@ def test_dvc_repro_resumes_a_killed_finetune_bitwise(kill_repo: Path, name: str)
     assert "train/loss" in resumed.data.metrics
 
 
+@pytest.mark.slow  # it shares the pipeline above; in `make test`, the same rule in-process:
+# test_checkpoint_of_other_key_or_bytes_is_deleted_not_resumed
 def test_changed_params_discard_the_checkpoint(kill_repo: Path) -> None:
     """A checkpoint from other params is not resumed: the stage starts afresh and deletes it."""
     repo = kill_repo

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -153,3 +155,46 @@ def test_a_tracking_server_failing_mid_stage_gets_the_tree_the_embedded_store_ge
     assert "<registered bayesavg-mnist5k>" in found["server"]
     for name, run in found["embedded"].items():
         assert found["server"][name] == run, name
+
+
+@pytest.mark.slow  # a small pipeline up to finetune@sgd against a server: ~1 min on 2 cores
+def test_a_server_killed_while_a_fine_tune_runs_costs_no_result(tmp_path: Path) -> None:
+    """The server is killed once finetune@sgd's run exists on it, while the stage trains:
+    the stage still writes its outputs and DVC records them; what it could not send waits
+    in the spool, and once the server is back ``bayesavg track --sync`` completes the run."""
+    raw = _params()
+    raw["finetune"]["sgd"].update(epochs=20, batch_size=32)  # seconds: time to be killed
+    (tmp_path / "repo").mkdir()
+    repo = make_repo(tmp_path / "repo", raw)
+    with running_server(tmp_path / "srv") as server:
+        environ = env(MLFLOW_TRACKING_URI=server.uri)
+        sh(repo, DVC, "repro", "pretrain", environ=environ)
+        killed = threading.Event()
+
+        def kill_once_the_run_exists() -> None:
+            client = store_client(server.uri)
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                exp = client.get_experiment_by_name("bayesavg")
+                if client.search_runs([exp.experiment_id], "attributes.run_name = 'finetune@sgd'"):
+                    server.kill()
+                    killed.set()
+                    return
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=kill_once_the_run_exists)
+        watcher.start()
+        done = sh(repo, DVC, "repro", "finetune@sgd", environ=environ)
+        watcher.join()
+        assert killed.is_set()
+        assert "tracking calls are kept in" in done.stderr, done.stderr
+        assert (repo / "models" / "sgd" / "posterior.pt").is_file()
+        assert "up to date" in sh(repo, DVC, "status", "finetune@sgd", environ=environ).stdout
+        run_id = json.loads((repo / "runs" / "finetune@sgd.json").read_text())["run_id"]
+        server.start()
+        sync = sh(repo, str(BIN / "bayesavg"), "track", "--sync", environ=environ)
+        assert "spooled calls from 1 spool(s)" in sync.stdout, sync.stdout
+        found = store_client(server.uri).get_run(run_id)
+        assert found.info.status == "FINISHED"
+        history = store_client(server.uri).get_metric_history(run_id, "train/loss")
+        assert len(history) == 20  # every epoch, sent before the outage or replayed

@@ -27,8 +27,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from mlflow_server import ErrorProxy, MlflowServer, running_server  # noqa: E402
-from pipeline_repo import BIN, DVC, PYTHON, default_params, env, make_repo  # noqa: E402
+from mlflow_server import ErrorProxy, MlflowServer, running_server, server_worker  # noqa: E402
+from pipeline_repo import BIN, DVC, default_params, env, make_repo  # noqa: E402
 
 DOWN = {"refused": "http://127.0.0.1:9", "unknown_host": "http://tracking.invalid:5000"}
 CALLS = 100
@@ -57,24 +57,13 @@ def at_start(root: Path) -> dict[str, Any]:
 def mid_stage(server: MlflowServer, root: Path, mode: str) -> dict[str, Any]:
     """(b) and (c) for one kind of outage: ``killed`` or ``http_503``."""
     from bayesavg.tracking.mlflow_run import store_client
-    from bayesavg.tracking.worker import Tracker
 
     proxy = ErrorProxy(server) if mode == "http_503" else None
     uri = proxy.uri if proxy else server.uri
     project = root / mode
     (project / "runs").mkdir(parents=True)
     environ = env(MLFLOW_TRACKING_URI=uri)
-    spool = str(project / "runs" / "spool")
-    proc = subprocess.Popen(
-        [PYTHON, "-m", "bayesavg.tracking.worker", uri, "", spool],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=environ,
-    )
-    tracker = Tracker(proc, uri)
-    assert tracker.unreachable() is None
+    tracker, _ = server_worker(uri, project / "runs" / "spool")
     with tracker.run("finetune@swag", experiment="outage", tags={}, inputs={}, close=False) as run:
         run.log_metrics({"loss": 1.0}, step=1)
         run_id = run.run_id

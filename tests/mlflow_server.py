@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline_repo import PYTHON, env
 
 from bayesavg.tracking.spool import check_reachable
+from bayesavg.tracking.worker import Tracker
 
 BIN = Path(PYTHON).parent
 
@@ -152,3 +153,20 @@ class ErrorProxy:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def server_worker(uri: str, spool_dir: Path) -> tuple[Tracker, subprocess.Popen[str]]:
+    """A tracking worker as a stage starts one against the server at ``uri`` (artifact
+    location "", as ``default_store`` gives for a server: the server's own store), spooling
+    into ``spool_dir``, once it has said the server answers; and its process."""
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "bayesavg.tracking.worker", uri, "", str(spool_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(MLFLOW_TRACKING_URI=uri),
+    )
+    tracker = Tracker(proc, uri)
+    assert tracker.unreachable() is None
+    return tracker, proc

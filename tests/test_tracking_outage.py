@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlflow_server import ErrorProxy, MlflowServer, running_server
+from mlflow_server import ErrorProxy, MlflowServer, running_server, server_worker
 from pipeline_repo import PYTHON, default_params, env, make_repo
 
 from bayesavg.runtime.io import write_json
 from bayesavg.tracking import spool as spool_module
 from bayesavg.tracking.mlflow_run import PIPELINE_TAG, Run, store_client
 from bayesavg.tracking.source import default_store
-from bayesavg.tracking.worker import Tracker, serve
+from bayesavg.tracking.worker import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(PYTHON).parent
@@ -297,23 +297,7 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: MlflowServer, tmp_pa
     root = tmp_path / "project"
     (root / "runs").mkdir(parents=True)
     environ = env(MLFLOW_TRACKING_URI=uri)
-    proc = subprocess.Popen(
-        [
-            PYTHON,
-            "-m",
-            "bayesavg.tracking.worker",
-            uri,
-            "",  # what default_store gives for a server: the server's artifact store
-            str(root / "runs" / "spool"),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environ,
-    )
-    tracker = Tracker(proc, uri)
-    assert tracker.unreachable() is None
+    tracker, proc = server_worker(uri, root / "runs" / "spool")
     (root / "before.txt").write_text("logged before the outage\n")
     (root / "after.txt").write_text("logged during it\n")
     with tracker.run("finetune@swag", experiment="team", tags={}, inputs={}) as run:
@@ -359,17 +343,7 @@ def test_a_server_answering_errors_mid_run_loses_nothing(
         root = tmp_path / "project"
         (root / "runs").mkdir(parents=True)
         environ = env(MLFLOW_TRACKING_URI=proxy.uri)
-        spool_dir = str(root / "runs" / "spool")
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "bayesavg.tracking.worker", proxy.uri, "", spool_dir],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environ,
-        )
-        tracker = Tracker(proc, proxy.uri)
-        assert tracker.unreachable() is None
+        tracker, proc = server_worker(proxy.uri, root / "runs" / "spool")
         with tracker.run("finetune@swag", experiment="team", tags={}, inputs={}) as run:
             run.log_metrics({"epoch_loss": 1.0}, step=1)
             run_id = run.run_id

@@ -114,7 +114,7 @@ def _point(
     """Train the sweep's trajectory on ``w`` clients, evaluate it, write its files."""
     from bayesavg.analyses.sweep import rounds_to_target, sigma_distance
     from bayesavg.dswag.rounds import finetune_dswag
-    from bayesavg.evaluation.evaluate import bn_subset, evaluate
+    from bayesavg.evaluation.evaluate import bn_inputs, evaluate
     from bayesavg.posteriors.file import save_posterior
     from bayesavg.seeding import derive_seed
 
@@ -132,9 +132,8 @@ def _point(
         posterior = result.posterior
         bn_x = None
         if posterior.has_batchnorm:
-            bn_part = bn_subset(data.train, p.evaluate.bn_update_fraction, p.seed)
-            bn_x = posterior.model_input(bn_part.x, device)
-        test = (posterior.model_input(data.test.x, device), data.test.y.to(device))
+            bn_x = bn_inputs(posterior, data.train, p.evaluate.bn_update_fraction, p.seed, device)
+        test = (posterior.inputs(data.test.x, device), data.test.y.to(device))
         snapshots = posterior.collector["n_collected"]
         metrics: dict[str, object] = {
             "workers": w,

@@ -74,7 +74,7 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
     )
     from bayesavg.data.prepared import load_prepared
     from bayesavg.data.shift import shifts
-    from bayesavg.evaluation.evaluate import bn_subset, needs_bn_data
+    from bayesavg.evaluation.evaluate import bn_inputs, needs_bn_data
     from bayesavg.posteriors.file import load_posterior
 
     e = p.evaluate
@@ -83,10 +83,9 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
     bn_x = None
     methods = [pred.method for pred in e.predictors[trajectory].values()]
     if posterior.has_batchnorm and any(needs_bn_data(m) for m in methods):
-        bn_part = bn_subset(data.train, e.bn_update_fraction, p.seed)
-        bn_x = posterior.model_input(bn_part.x, device)
+        bn_x = bn_inputs(posterior, data.train, e.bn_update_fraction, p.seed, device)
     splits = {
-        split: (posterior.model_input(part.x, device), part.y)
+        split: (posterior.inputs(part.x, device), part.y)
         for split, part in (("test", data.test), ("val", data.val))
     }
     subset = shift_subset(data.test, e.shift.n_points, p.seed)
@@ -97,10 +96,10 @@ def load_inputs(p: Params, trajectory: str, device: torch.device) -> Inputs:
         at = subset_positions(len(data.test), sh.n_points, p.seed)
         official, served = official_cifar_c(p.data.raw_dir, p.data.dataset, p.seed, data.test, at)
     for shift_name, images in shifted(subset.x, listed, p.seed, official).items():
-        splits[f"shift.{shift_name}"] = (posterior.model_input(images, device), subset.y)
+        splits[f"shift.{shift_name}"] = (posterior.inputs(images, device), subset.y)
     fractions = (p.seed, p.data.test_fraction, p.data.val_fraction)
     ood = {
-        spec: posterior.model_input(
+        spec: posterior.inputs(
             ood_images(
                 spec, posterior.input_shape, p.data.raw_dir, fractions, e.ood.n_points, p.seed
             ),

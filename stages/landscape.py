@@ -77,7 +77,7 @@ class _Context:
     def __init__(self, p: Params, like: Any) -> None:
         from bayesavg.analyses.landscape import Probe
         from bayesavg.data.prepared import load_prepared
-        from bayesavg.evaluation.evaluate import bn_subset
+        from bayesavg.evaluation.evaluate import bn_inputs
         from bayesavg.seeding import derive_seed, resolve_device
 
         self.device = resolve_device(p.device)
@@ -86,13 +86,16 @@ class _Context:
         part = data.train.random_subset(land.n_points, derive_seed(p.seed, "landscape"))
         # BatchNorm statistics at each point from the images the evaluate stages use, so
         # a line's end at a SWA mean equals the swa predictor's evaluation.
-        bn_part = bn_subset(data.train, p.evaluate.bn_update_fraction, p.seed)
+        bn_x = None
+        if like.has_batchnorm:
+            fraction = p.evaluate.bn_update_fraction
+            bn_x = bn_inputs(like, data.train, fraction, p.seed, self.device)
         self.probe = Probe(
             train_x=like.model_input(part.x, self.device),
             train_y=part.y.to(self.device),
-            test_x=like.model_input(data.test.x, self.device),
+            test_x=like.inputs(data.test.x, self.device),
             test_y=data.test.y.to(self.device),
-            bn_x=like.model_input(bn_part.x, self.device) if like.has_batchnorm else None,
+            bn_x=bn_x,
             weight_decay=p.pretrain.weight_decay,
             batch_size=p.evaluate.batch_size,
         )

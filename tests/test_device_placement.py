@@ -69,6 +69,8 @@ HOST_FUNCTIONS = {
     "extra_sets.subset_positions": "the shifted subset's positions, drawn on the host as "
     "shift_subset draws them",
     "cli._evaluate": "the test split's positions on the host, to index host arrays",
+    "evaluate.bn_rows": "the BatchNorm images' positions from a CPU generator (the same "
+    "images on any device); Inputs moves them to where the images are",
     "storage.read_array": "a memory-mapped file is host memory by nature; training copies "
     "its batches to the device (batches.StreamedData)",
     "storage.channel_stats_streamed": "the data stage's statistics of uint8 images on the "
@@ -191,7 +193,8 @@ def test_batches_are_normalised_and_augmented_on_the_images_device() -> None:
     idx = torch.arange(4, device=META)
     x, y = data.batch(idx, draws)
     assert x.device == y.device == META and x.dtype == torch.float32
-    assert data.inputs(batch_size=4).shape == (10, 3, 8, 8)
+    inputs = data.inputs()
+    assert inputs.shape == (10, 3, 8, 8) and inputs[0:4].device == META
 
 
 def test_monitoring_and_dswag_sums_stay_on_the_device() -> None:

@@ -170,9 +170,10 @@ def test_an_imagefolder_is_streamed_chunk_by_chunk(
     assert stream.manifest["mean"] == memory.manifest["mean"]
 
 
-def _params(augment: dict[str, Any]) -> Any:
+def _params(augment: dict[str, Any], **model: Any) -> Any:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    raw["model"] = {"name": "mlp", "hidden": [32]}  # the data path is under test, not the net
+    # the data path is under test, not the net
+    raw["model"] = {"name": "mlp", "hidden": [32], **model}
     raw["data"]["augment"] = augment
     raw["pretrain"].update(epochs=1, batch_size=100, members=1)
     raw["finetune"] = {
@@ -248,3 +249,56 @@ def test_streamed_batches_come_in_order_however_many_are_prefetched(
         assert len(got) == len(expected)
         for (x, y, w), (ex, ey, ew) in zip(got, expected, strict=True):
             assert torch.equal(x, ex) and torch.equal(y, ey) and w == ew
+
+
+def test_streamed_evaluation_is_bitwise_the_in_memory_one_a_batch_at_a_time(
+    both: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SWAG with its BatchNorm pass over the whole training split: from the memory-mapped
+    split, read a batch at a time (never whole, as float32 or as a uint8 copy), the
+    metrics and predictive are bitwise those of the in-memory split, which are bitwise
+    those of the whole-tensor inputs the pipeline used before."""
+    from bayesavg.data.inputs import Inputs
+    from bayesavg.evaluation.evaluate import bn_inputs, bn_subset, evaluate
+
+    params = _params({"crop_padding": 0, "flip": False}, batch_norm=True)
+    torch.manual_seed(0)
+    start = pretrain_members(params, both["memory"], CPU)
+    post = finetune(params, "s", both["memory"], start.posterior, CPU).posterior
+    assert post.has_batchnorm
+    reads: list[int] = []
+    read = Inputs.__getitem__
+
+    def counted(self: Inputs, key: Any) -> torch.Tensor:
+        out = read(self, key)
+        reads.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(Inputs, "__getitem__", counted)
+    kw = {"n_samples": 3, "batch_size": 400, "seed": 5}
+    got = {}
+    for kind in ("memory", "stream"):
+        data = both[kind]
+        bn_x = bn_inputs(post, data.train, 1.0, params.seed, CPU)
+        assert len(bn_x) == len(data.train)
+        if kind == "stream":
+            assert storage.is_mapped(data.train.x) and bn_x.images is data.train.x
+        splits = {
+            s: (post.inputs(getattr(data, s).x, CPU), getattr(data, s).y) for s in ("test", "val")
+        }
+        got[kind] = evaluate(post, "swag", splits, bn_x=bn_x, **kw)
+    assert reads and max(reads) <= 400
+    data = both["memory"]
+    whole = evaluate(
+        post,
+        "swag",
+        {s: (post.model_input(getattr(data, s).x), getattr(data, s).y) for s in ("test", "val")},
+        bn_x=post.model_input(bn_subset(data.train, 1.0, params.seed).x),
+        **kw,
+    )
+    for split in ("test", "val"):
+        for other in (got["stream"], whole):
+            a, b = got["memory"][split], other[split]
+            assert torch.equal(a.log_probs, b.log_probs)
+            assert json.dumps(a.metrics) == json.dumps(b.metrics)
+            assert a.by_samples == b.by_samples

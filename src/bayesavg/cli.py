@@ -166,7 +166,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     from .data.extra_sets import official_cifar_c, ood_images, shifted
     from .data.prepared import load_eval_split
     from .data.shift import parse_many as parse_shifts
-    from .evaluation.evaluate import bn_subset, evaluate
+    from .evaluation.evaluate import bn_inputs, evaluate
     from .posteriors.file import load_posterior
     from .runtime.io import write_csv, write_json
     from .seeding import resolve_device
@@ -196,15 +196,14 @@ def _evaluate(args: argparse.Namespace) -> None:
     bn_x = None
     if not REGISTRY[args.predictor].own_buffers and posterior.has_batchnorm:
         train = load_eval_split(d["dataset"], *split_args, "train", *fractions)
-        part = bn_subset(train, args.bn_update_fraction, d["seed"])
+        bn_x = bn_inputs(posterior, train, args.bn_update_fraction, d["seed"], device)
         log.info(
             "BatchNorm model: %d of the %d training images of %s for BN updates",
-            len(part),
+            len(bn_x),
             len(train),
             d["dataset"],
         )
-        bn_x = posterior.model_input(part.x, device)
-    splits = {"test": (posterior.model_input(test.x, device), test.y)}
+    splits = {"test": (posterior.inputs(test.x, device), test.y)}
     try:
         shifts = parse_shifts(args.shift)
     except ValueError as err:
@@ -216,9 +215,9 @@ def _evaluate(args: argparse.Namespace) -> None:
         positions = torch.arange(len(test))
         official, served = official_cifar_c(args.raw_dir, args.data, d["seed"], test, positions)
     for name, images in shifted(test.x, shifts, d["seed"], official).items():
-        splits[f"shift.{name}"] = (posterior.model_input(images, device), test.y)
+        splits[f"shift.{name}"] = (posterior.inputs(images, device), test.y)
     ood = {
-        spec: posterior.model_input(
+        spec: posterior.inputs(
             ood_images(spec, posterior.input_shape, args.raw_dir, fractions), device
         )
         for spec in dict.fromkeys(args.ood)
@@ -249,7 +248,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         # samples, seed and BN images, on the validation set alone; T minimises its NLL.
         from .predictors.calibration import fit_temperature
 
-        val_x = posterior.model_input(val.x, device)
+        val_x = posterior.inputs(val.x, device)
         fitted = run({"val": (val_x, val.y)}, {}, None)["val"]
         try:
             temperature = fit_temperature(fitted.log_probs, val.y)

@@ -82,7 +82,7 @@ class Predictor:
                     f"predictor {config.method} on a BatchNorm network needs training images "
                     "for its BatchNorm statistics"
                 )
-            self.bn_x = self.posterior.model_input(bn_images, self.device)
+            self.bn_x = self.posterior.inputs(bn_images, self.device)
 
     def __call__(self, images: np.ndarray | torch.Tensor) -> dict[str, np.ndarray]:
         """uint8 images (N, C, H, W) -> BMA class probabilities (N, K), the predicted class,
@@ -101,7 +101,7 @@ class Predictor:
         found = evaluate(
             self.posterior,
             c.method,
-            {"input": (self.posterior.model_input(x, self.device), torch.zeros(len(x)).long())},
+            {"input": (self.posterior.inputs(x, self.device), torch.zeros(len(x)).long())},
             n_samples=c.n_samples,
             scale=c.scale,
             bn_x=self.bn_x,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..data.inputs import Input
 from ..posteriors.file import load_theta
 from ..training.batches import Tensors
 from ..training.batchnorm import bn_modules, update_bn
@@ -41,11 +42,11 @@ class Probe:
     ``weight_decay``: the lambda of the weight-decay term (lambda / 2) |w|^2.
     """
 
-    train_x: torch.Tensor
+    train_x: Input
     train_y: torch.Tensor
-    test_x: torch.Tensor
+    test_x: Input
     test_y: torch.Tensor
-    bn_x: torch.Tensor | None = None
+    bn_x: Input | None = None
     weight_decay: float = 0.0
     batch_size: int = 1000
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.inputs import Input
 from ..models import has_batchnorm
 from ..posteriors.file import load_theta
 from ..runtime.errors import UserError
@@ -128,10 +129,10 @@ def grid_axes(points: torch.Tensor, grid: int, margin: float) -> tuple[torch.Ten
 def losses(
     model: nn.Module,
     thetas: Iterable[torch.Tensor],
-    x: torch.Tensor,
+    x: Input,
     y: torch.Tensor,
     *,
-    bn_x: torch.Tensor | None = None,
+    bn_x: Input | None = None,
     batch_size: int = 1000,
 ) -> tuple[list[float], list[float]]:
     """Mean cross-entropy and accuracy of ``model`` (eval mode) at each weight vector.
@@ -192,13 +193,13 @@ class LossPlane:
 def loss_plane(
     model: nn.Module,
     state: dict[str, Any],
-    x: torch.Tensor,
+    x: Input,
     y: torch.Tensor,
     *,
     grid: int = 21,
     margin: float = 0.25,
     start: torch.Tensor | None = None,
-    bn_x: torch.Tensor | None = None,
+    bn_x: Input | None = None,
     batch_size: int = 1000,
 ) -> LossPlane:
     """Training loss and accuracy on the PCA plane of a collector's snapshots.

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..data.inputs import Input
 from ..evaluation.evaluate import log_softmax_predictions
 from ..models import for_inference, has_batchnorm
 from ..posteriors import SWAG
@@ -33,12 +34,12 @@ def rounds_to_target(history: Sequence[dict[str, float]], target: float) -> int 
 @torch.no_grad()
 def sigma_distance(
     posterior: PosteriorFile,
-    x: torch.Tensor,
+    x: Input,
     y: torch.Tensor,
     multiples: Sequence[float],
     draws: int,
     seed: int,
-    bn_x: torch.Tensor | None = None,
+    bn_x: Input | None = None,
     batch_size: int = 1000,
 ) -> list[dict[str, float]]:
     """Accuracy and NLL at theta_bar + m sigma * z: one row per (m, draw).

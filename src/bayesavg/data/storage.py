@@ -10,6 +10,7 @@ the rest. ``.npy`` because numpy memory-maps it without a copy and every tool re
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -57,14 +58,29 @@ def write_array(path: Path, shape: tuple[int, ...], rows: Callable[[int, int], n
         del out
 
 
+# id -> the tensors read_array returned, while they live (a copy of rows is not among
+# them); by id because a tensor's == is elementwise (a WeakSet would call it)
+_MAPPED: dict[int, weakref.ref[torch.Tensor]] = {}
+
+
 def read_array(path: Path) -> torch.Tensor:
     """A ``.npy`` memory-mapped as a tensor: pages are read when indexed, not now.
     Copy-on-write (``mmap_mode='c'``): the tensor is writable in memory (torch wants
     that) while the file is never modified."""
     try:
-        return torch.from_numpy(np.load(path, mmap_mode="c"))
+        mapped = torch.from_numpy(np.load(path, mmap_mode="c"))
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {path} ({err}); rerun the data stage") from None
+    key = id(mapped)
+    _MAPPED[key] = weakref.ref(mapped, lambda _: _MAPPED.pop(key, None))
+    return mapped
+
+
+def is_mapped(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a split ``read_array`` mapped (not a copy of some of its rows):
+    such a split stays on the host and is read a batch at a time."""
+    ref = _MAPPED.get(id(x))
+    return ref is not None and ref() is x
 
 
 def chunks(n: int) -> Iterator[tuple[int, int]]:

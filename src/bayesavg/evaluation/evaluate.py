@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..config.methods import METHODS, REGISTRY, Method
 from ..data.datasets import Split
+from ..data.inputs import Chained, Input, Inputs
 from ..models import dropout_modules, for_inference, has_batchnorm
 from ..posteriors.file import PosteriorFile, load_theta
 from ..predictors.calibration import apply_temperature
@@ -71,20 +72,35 @@ def needs_bn_data(method: str) -> bool:
     return not method_of(method).own_buffers
 
 
-def bn_subset(train: Split, fraction: float, seed: int) -> Split:
-    """The fixed random share of the training split used for BatchNorm updates.
+def bn_rows(n: int, fraction: float, seed: int) -> torch.Tensor:
+    """Positions, in their order, of the fixed random share of an ``n``-image training
+    split used for BatchNorm updates.
 
     The pipeline and ``bayesavg evaluate`` both draw it from the data seed,
     so the same fraction gives the same images.
     """
-    keep = max(1, round(fraction * len(train)))
-    return train.random_subset(keep, derive_seed(seed, "bn_subset"))
+    keep = max(1, round(fraction * n))
+    draw = torch.Generator().manual_seed(derive_seed(seed, "bn_subset"))
+    return torch.randperm(n, generator=draw)[:keep]
+
+
+def bn_subset(train: Split, fraction: float, seed: int) -> Split:
+    """The images and labels of ``bn_rows``, copied."""
+    return train.subset(bn_rows(len(train), fraction, seed))
+
+
+def bn_inputs(
+    posterior: PosteriorFile, train: Split, fraction: float, seed: int, device: torch.device | str
+) -> Inputs:
+    """The BatchNorm images of ``bn_rows`` as ``posterior``'s input, read a batch at a time
+    (a memory-mapped training split is never copied whole)."""
+    return posterior.inputs(train.x, device, rows=bn_rows(len(train), fraction, seed))
 
 
 @torch.inference_mode()
 def log_softmax_predictions(
     model: nn.Module,
-    x: torch.Tensor,
+    x: Input,
     batch_size: int,
     dropout: bool = False,
     precision: Precision | None = None,
@@ -136,17 +152,17 @@ def _in_order(sampled: Draws) -> Callable[[int], Network]:
 def evaluate(
     posterior: PosteriorFile,
     method: str,
-    splits: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    splits: Mapping[str, tuple[Input, torch.Tensor]],
     *,
     n_samples: int = 30,
     scale: float | None = None,
-    bn_x: torch.Tensor | None = None,
+    bn_x: Input | None = None,
     batch_size: int = 1000,
     ece_bins: int = 20,
     seed: int = 0,
     device: torch.device | str = "cpu",
     name: str | None = None,
-    ood: Mapping[str, torch.Tensor] | None = None,
+    ood: Mapping[str, Input] | None = None,
     ood_reference: str = "test",
     point_scores: bool = False,
     world: World | None = None,
@@ -215,7 +231,7 @@ def evaluate(
         raise ValueError(f"ood_reference {ood_reference!r} is not one of the splits")
     sizes = [splits[n][0].shape[0] for n in names]
     ood_sizes = [x.shape[0] for x in ood.values()]
-    x_all = torch.cat([splits[n][0] for n in names] + [x for x in ood.values()]).to(device)
+    x_all = Chained([splits[n][0] for n in names] + list(ood.values()), device)
     scored = ood or point_scores
     scorers = {key: OODAccumulator() for key in [ood_reference, *ood]} if scored else {}
     ys = [splits[n][1].to(device) for n in names]
@@ -322,7 +338,7 @@ def center_model(
     posterior: PosteriorFile,
     theta: torch.Tensor,
     buffers: dict[str, torch.Tensor] | None,
-    bn_x: torch.Tensor | None,
+    bn_x: Input | None,
     device: torch.device | str,
     batch_size: int = 1000,
 ) -> nn.Module:
@@ -338,10 +354,10 @@ def center_model(
 def centre_sharpness(
     posterior: PosteriorFile,
     method: str,
-    x: torch.Tensor,
+    x: Input,
     y: torch.Tensor,
     *,
-    bn_x: torch.Tensor | None,
+    bn_x: Input | None,
     rho: float,
     probes: int,
     seed: int,

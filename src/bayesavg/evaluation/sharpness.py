@@ -13,8 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.inputs import Input
 
-def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> torch.Tensor:
+
+def _loss(model: nn.Module, x: Input, y: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Mean cross-entropy over (x, y), differentiable in the parameters."""
     total = torch.zeros((), device=x.device)
     for start in range(0, x.shape[0], batch_size):
@@ -26,7 +28,7 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int) -
 
 
 def sam_sharpness(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, rho: float, batch_size: int = 1000
+    model: nn.Module, x: Input, y: torch.Tensor, rho: float, batch_size: int = 1000
 ) -> float:
     """L(theta + rho g/||g||) - L(theta): the one-step estimate of the worst increase."""
     model.eval()
@@ -46,7 +48,7 @@ def sam_sharpness(
 
 def hessian_trace(
     model: nn.Module,
-    x: torch.Tensor,
+    x: Input,
     y: torch.Tensor,
     probes: int,
     generator: torch.Generator,

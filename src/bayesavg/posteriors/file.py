@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.inputs import Inputs
 from ..data.prepared import to_input
 from ..models import build_model
 from ..runtime.errors import UserError
@@ -147,8 +148,16 @@ class PosteriorFile:
         return any(name.endswith("running_mean") for name in self.buffers)
 
     def model_input(self, x: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
-        """uint8 images normalised the way this posterior's network was trained."""
+        """uint8 images normalised the way this posterior's network was trained, whole."""
         return to_input(x, self.mean, self.std, device)
+
+    def inputs(
+        self, x: torch.Tensor, device: torch.device | str = "cpu", rows: torch.Tensor | None = None
+    ) -> Inputs:
+        """``model_input`` of ``x`` (or of its ``rows``, in that order) made a batch at a
+        time as it is read (``data.inputs``): what the pipeline evaluates, so that a split
+        is never whole as float32, on the device or, memory-mapped, in RAM."""
+        return Inputs(x, self.mean, self.std, device, rows)
 
     def build_model(self, device: torch.device | str = "cpu") -> nn.Module:
         """The network at the last iterate (parameters and buffers), in eval mode.

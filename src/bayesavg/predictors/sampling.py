@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config.methods import METHODS, PROVIDES, REGISTRY, Method
+from ..data.inputs import Input
 from ..models import has_dropout
 from ..posteriors import HWA, SWAG
 from ..posteriors.file import PosteriorFile
@@ -231,7 +232,7 @@ def _laplace_probit(posterior: PosteriorFile, req: Request) -> Draws:
     network = _own(posterior, req.device)
 
     @torch.inference_mode()
-    def predict(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
+    def predict(model: nn.Module, x: Input, batch_size: int) -> torch.Tensor:
         layer = model.get_submodule(name)
         found: list[torch.Tensor] = []
         hook = layer.register_forward_hook(lambda m, inp, out: found.append(inp[0].float()))

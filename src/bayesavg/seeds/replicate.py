@@ -18,7 +18,7 @@ import torch
 
 from ..config import DSWAGTrajectory, Params
 from ..data.prepared import Prepared
-from ..evaluation.evaluate import Evaluation, bn_subset, evaluate, needs_bn_data
+from ..evaluation.evaluate import Evaluation, bn_inputs, evaluate, needs_bn_data
 from ..posteriors.file import PosteriorFile
 from ..predictors.calibration import fit_temperature
 from ..seeding import derive_seed
@@ -92,15 +92,14 @@ def predict(
     pred = e.by_name[name]
     bn_x = None
     if posterior.has_batchnorm and needs_bn_data(pred.method):
-        bn_part = bn_subset(prepared.train, e.bn_update_fraction, params.seed)
-        bn_x = posterior.model_input(bn_part.x, device)
+        bn_x = bn_inputs(posterior, prepared.train, e.bn_update_fraction, params.seed, device)
 
     def run(split: str, temperature: float | None) -> Evaluation:
         part = prepared.test if split == "test" else prepared.val
         return evaluate(
             posterior,
             pred.method,
-            {split: (posterior.model_input(part.x, device), part.y)},
+            {split: (posterior.inputs(part.x, device), part.y)},
             n_samples=pred.samples_or(e.n_samples),
             scale=pred.effective_scale(),
             bn_x=bn_x,

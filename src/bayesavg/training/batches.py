@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..data.inputs import Inputs
 from ..runtime.errors import UserError
 from .augment import Augment, EpochDraws, apply
 from .distributed import World
@@ -43,9 +44,10 @@ class ByIndex:
 
 @dataclass(frozen=True)
 class Tensors(ByIndex):
-    """Model-ready inputs (float, normalised) and labels, already on the device."""
+    """Model-ready inputs (float, normalised, or ``Inputs`` normalised as they are read)
+    and labels, on the device."""
 
-    x: torch.Tensor
+    x: torch.Tensor | Inputs
     y: torch.Tensor
 
     def __len__(self) -> int:
@@ -104,15 +106,10 @@ class TrainData(ByIndex):
             x = apply(x, draws.take(idx), self.augment)
         return self._normalise(x), self.y[idx]
 
-    def inputs(self, batch_size: int = 4096) -> torch.Tensor:
-        """The whole split normalised, not augmented (BatchNorm recomputation, monitoring)."""
-        device = self.y.device
-        return torch.cat(
-            [
-                self._normalise(self.x[i : i + batch_size].to(device))
-                for i in range(0, len(self), batch_size)
-            ]
-        )
+    def inputs(self) -> Inputs:
+        """The split normalised, not augmented, a batch at a time as it is read (BatchNorm
+        recomputation, monitoring): never whole as float32, streamed or not."""
+        return Inputs(self.x, self.mean, self.std, self.y.device, None, self.channels_last)
 
 
 @dataclass(frozen=True)

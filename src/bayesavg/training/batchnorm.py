@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..data.inputs import Input
+
 _BN = nn.modules.batchnorm._BatchNorm
 
 
@@ -83,7 +85,7 @@ class _Moments:
 
 
 @torch.no_grad()
-def update_bn(model: nn.Module, x: torch.Tensor, batch_size: int = 1000) -> None:
+def update_bn(model: nn.Module, x: Input, batch_size: int = 1000) -> None:
     """Set every BN layer's running stats to its input's full-data mean and variance.
 
     The forward pass runs in train mode (each layer normalises with batch

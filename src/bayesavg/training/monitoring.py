@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..data.inputs import Inputs
 from .batches import Tensors
 
 
@@ -42,12 +43,17 @@ class Monitoring:
         return torch.randperm(n, generator=draw)[:k].sort().values.to(device)
 
     def subset(self, data: Tensors) -> Tensors:
-        idx = self.rows(len(data), data.x.device)
-        return data if idx is None else Tensors(data.x[idx], data.y[idx])
+        idx = self.rows(len(data), data.y.device)
+        return data if idx is None else Tensors(_rows(data.x, idx), data.y[idx])
 
-    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+    def inputs(self, x: Inputs) -> Inputs:
         idx = self.rows(x.shape[0], x.device)
-        return x if idx is None else x[idx]
+        return x if idx is None else x.subset(idx)
+
+
+def _rows(x: torch.Tensor | Inputs, idx: torch.Tensor) -> torch.Tensor | Inputs:
+    """Rows ``idx`` of ``x``, still read a batch at a time where ``x`` is."""
+    return x.subset(idx) if isinstance(x, Inputs) else x[idx]
 
 
 EVERY_EPOCH = Monitoring()

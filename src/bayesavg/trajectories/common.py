@@ -10,6 +10,7 @@ from torch import nn
 
 from ..config import Params
 from ..data.datasets import Split
+from ..data.inputs import Inputs
 from ..data.prepared import Prepared, to_input
 from ..models import build_model
 from ..posteriors.file import PosteriorFile, load_theta
@@ -57,6 +58,13 @@ def compute_for(params: Params, device: torch.device, world: World | None = None
 def tensors(split: Split, prepared: Prepared, device: torch.device) -> Tensors:
     m = prepared.manifest
     return Tensors(to_input(split.x, m["mean"], m["std"], device), split.y.to(device))
+
+
+def watched(split: Split, prepared: Prepared, device: torch.device) -> Tensors:
+    """A split to monitor (validation, test), normalised a batch at a time as it is read
+    (``data.inputs``): never whole as float32, on the device or, memory-mapped, in RAM."""
+    m = prepared.manifest
+    return Tensors(Inputs(split.x, m["mean"], m["std"], device), split.y.to(device))
 
 
 def train_data(prepared: Prepared, compute: Compute) -> TrainData:

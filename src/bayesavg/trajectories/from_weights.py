@@ -28,7 +28,7 @@ from ..seeding import seed_everything
 from ..training.monitoring import Monitoring
 from ..training.train import Compute, loss_and_accuracy
 from . import gradient
-from .common import RunResult, posterior_fields, pretrain_seed, tensors
+from .common import RunResult, posterior_fields, pretrain_seed, watched
 from .run import run_plan, step_context
 
 
@@ -90,7 +90,7 @@ def pretrain_from_weights(
     opts = params.pretrain
     if opts.head_epochs == 0:
         loss, acc = loss_and_accuracy(
-            model, tensors(prepared.val, prepared, device), precision=compute.precision
+            model, watched(prepared.val, prepared, device), precision=compute.precision
         )
         row = {"epoch": 0.0, "val_loss": loss.item(), "val_accuracy": acc.item()}
         return RunResult(PosteriorFile.from_model(model, **fields), [row])

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..config import PretrainParams, Trajectory
+from ..data.inputs import Inputs
 from ..data.prepared import Prepared
 from ..models import has_batchnorm
 from ..posteriors.file import load_theta
@@ -51,7 +52,7 @@ from ..training.train import (
     sgd_step,
     train,
 )
-from .common import tensors, train_data
+from .common import train_data, watched
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +257,7 @@ def run_plan(
         batch_size=opts.batch_size,
         lr=rate,
         generator=run.shuffle,
-        val_data=tensors(prepared.val, prepared, compute.device) if compute.is_main else None,
+        val_data=watched(prepared.val, prepared, compute.device) if compute.is_main else None,
         after_step=after_step,
         epoch_metrics=metrics,
         desc=desc,
@@ -273,7 +274,7 @@ def run_plan(
 def _monitor(
     plan: Plan,
     prepared: Prepared,
-    train_inputs: Callable[[], torch.Tensor],
+    train_inputs: Callable[[], Inputs],
     compute: Compute,
     monitoring: Monitoring,
 ) -> Callable[[], dict[str, float]]:
@@ -289,7 +290,7 @@ def _monitor(
     average = plan.average
     device = compute.device
     precision = compute.precision
-    test = monitoring.subset(tensors(prepared.test, prepared, device))
+    test = monitoring.subset(watched(prepared.test, prepared, device))
     avg_net = copy.deepcopy(plan.template or net) if average is not None else None
 
     def metrics() -> dict[str, float]:

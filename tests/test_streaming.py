@@ -29,6 +29,20 @@ CPU = torch.device("cpu")
 MNIST = ("mnist5k", 0, 0.2, 0.1)
 
 
+def _rows_read(monkeypatch: pytest.MonkeyPatch, owner: type, name: str) -> list[int]:
+    """The number of rows each call of ``owner.name`` returns, recorded as it runs."""
+    rows: list[int] = []
+    original = getattr(owner, name)
+
+    def counted(self: Any, key: Any) -> Any:
+        out = original(self, key)
+        rows.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(owner, name, counted)
+    return rows
+
+
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """mnist5k prepared both ways; chunks of 700 images, so that writes cross chunks."""
@@ -150,15 +164,7 @@ def test_an_imagefolder_is_streamed_chunk_by_chunk(
 
     images = write_images(tmp_path / "images", per_class=10, size=20)
     memory = prepare(f"imagefolder:{images}", tmp_path / "raw", tmp_path / "m", 0, 0.2, 0.2)
-    largest = []
-    read = ImageFolder.read
-
-    def counted(self: ImageFolder, idx: Any) -> np.ndarray:
-        out = read(self, idx)
-        largest.append(out.shape[0])
-        return out
-
-    monkeypatch.setattr(ImageFolder, "read", counted)
+    largest = _rows_read(monkeypatch, ImageFolder, "read")
     monkeypatch.setattr(storage, "CHUNK", 4)
     stream = prepare(
         f"imagefolder:{images}", tmp_path / "raw", tmp_path / "s", 0, 0.2, 0.2, storage="stream"
@@ -266,15 +272,7 @@ def test_streamed_evaluation_is_bitwise_the_in_memory_one_a_batch_at_a_time(
     start = pretrain_members(params, both["memory"], CPU)
     post = finetune(params, "s", both["memory"], start.posterior, CPU).posterior
     assert post.has_batchnorm
-    reads: list[int] = []
-    read = Inputs.__getitem__
-
-    def counted(self: Inputs, key: Any) -> torch.Tensor:
-        out = read(self, key)
-        reads.append(out.shape[0])
-        return out
-
-    monkeypatch.setattr(Inputs, "__getitem__", counted)
+    reads = _rows_read(monkeypatch, Inputs, "__getitem__")
     kw = {"n_samples": 3, "batch_size": 400, "seed": 5}
     got = {}
     for kind in ("memory", "stream"):

@@ -69,6 +69,28 @@ def test_cifar100_differs_from_cifar10_only_where_it_says() -> None:
     assert hundred == ten
 
 
+@pytest.mark.parametrize("name", preset.names())
+def test_a_preset_has_every_param_the_pipeline_reads(name: str) -> None:
+    """DVC reads each stage's params from params.yaml and stops at the first stage whose
+    key is missing ('Parameters ... are missing'): a preset must hold every key
+    dvc.yaml names, even where the defaults would do."""
+    raw, _ = preset.resolve(name, {})
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    missing = set()
+    for stage in stages.values():
+        body = stage.get("do", stage)
+        for key in body.get("params", []):
+            if not isinstance(key, str) or "$" in key:
+                continue
+            node: Any = raw
+            for part in key.split("."):
+                if not isinstance(node, dict) or part not in node:
+                    missing.add(key)
+                    break
+                node = node[part]
+    assert not missing, f"presets/{name}.yaml lacks {sorted(missing)}"
+
+
 def test_applying_a_preset_keeps_its_comments(tmp_path: Path) -> None:
     out = tmp_path / "params.yaml"
     assert preset.main(["cifar10", "--out", str(out)]) == 0
@@ -104,8 +126,9 @@ def write_images(root: Path, classes: int = 10, per_class: int = 12) -> Path:
     return root
 
 
-def tiny(raw: dict[str, Any], images: Path) -> dict[str, Any]:
-    """The preset with every budget cut to a smoke run; structure and settings kept."""
+def tiny(raw: dict[str, Any], images: Path, ood: Path) -> dict[str, Any]:
+    """The preset with every budget cut to a smoke run; structure and settings kept. The
+    OOD sets (CIFAR-100 and SVHN, downloads) become the image folder ``ood``: no network."""
     raw["data"]["dataset"] = f"imagefolder:{images}"
     raw["model"]["depth"] = 20
     raw["pretrain"].update(epochs=1, batch_size=16)
@@ -131,6 +154,7 @@ def tiny(raw: dict[str, Any], images: Path) -> dict[str, Any]:
     e["sharpness"].update(n_points=20, probes=1)
     e["plane"].update(grid=3, n_points=20)
     e["shift"]["n_points"] = 10
+    e["ood"].update(sets=[f"imagefolder:{ood}"], n_points=10)
     land = e["landscape"]
     land.update(n_points=20, t={"start": -1.0, "stop": 2.0, "points": 3})
     land["rays"].update(directions=1, distances={"start": 0.0, "stop": 4.0, "points": 3})
@@ -145,7 +169,8 @@ def test_cifar10_preset_runs_end_to_end(tmp_path: Path) -> None:
     images = write_images(tmp_path / "images")
     raw, _ = preset.resolve("cifar10", {})
     (tmp_path / "repo").mkdir()
-    repo = make_repo(tmp_path / "repo", tiny(raw, images))
+    ood = write_images(tmp_path / "ood", classes=2, per_class=5)
+    repo = make_repo(tmp_path / "repo", tiny(raw, images, ood))
     environ = env(MLFLOW_TRACKING_URI=f"sqlite:///{repo / 'mlflow.db'}")
     proc = sh(repo, DVC, "repro", environ=environ)
     assert "report" in proc.stdout

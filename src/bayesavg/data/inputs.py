@@ -21,6 +21,22 @@ import torch
 from .storage import is_mapped
 
 
+def constant(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    """Per-channel constants shaped to broadcast over (N, C, H, W), built on ``device``
+    once: per batch they would be a host-to-device copy, a synchronisation, each."""
+    return torch.tensor(list(values), dtype=torch.float32, device=device).view(1, -1, 1, 1)
+
+
+def normalise(
+    x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, channels_last: bool
+) -> torch.Tensor:
+    """uint8 images -> float32 model input: the elementwise operations of
+    ``prepared.to_input``, so any batch is bitwise those rows of the whole split."""
+    xf = x.to(dtype=torch.float32).div_(255).sub_(mean).div_(std)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return xf.contiguous(memory_format=layout)
+
+
 class Inputs:
     """Normalised float32 input of ``images`` (uint8, N, C, H, W), or of the ``rows`` of
     them in that order, on ``device``. Images in memory move to the device once, as
@@ -42,9 +58,7 @@ class Inputs:
         self.rows = None if rows is None else rows.to(self.images.device)
         self.mean, self.std = list(mean), list(std)
         self.channels_last = channels_last
-        # the constants on the device once: per batch they would be two copies, each a sync
-        self._m = torch.tensor(self.mean, dtype=torch.float32, device=self.device).view(1, -1, 1, 1)
-        self._s = torch.tensor(self.std, dtype=torch.float32, device=self.device).view(1, -1, 1, 1)
+        self._m, self._s = constant(self.mean, self.device), constant(self.std, self.device)
 
     @property
     def shape(self) -> torch.Size:
@@ -65,17 +79,13 @@ class Inputs:
         else:
             at = key.to(self.images.device)
             picked = self.images[at if self.rows is None else self.rows[at]]
-        return self._normalise(picked.to(self.device))
+        return normalise(picked.to(self.device), self._m, self._s, self.channels_last)
 
     def subset(self, rows: torch.Tensor) -> Inputs:
         """The inputs of ``rows`` (positions in these), read when sliced, as these are."""
         rows = rows.to(self.images.device)
         picked = rows if self.rows is None else self.rows[rows]
         return Inputs(self.images, self.mean, self.std, self.device, picked, self.channels_last)
-
-    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(dtype=torch.float32).div_(255).sub_(self._m).div_(self._s)
-        return xf.contiguous(memory_format=torch.channels_last) if self.channels_last else xf
 
 
 class Chained:
@@ -84,14 +94,14 @@ class Chained:
     it would hold in the concatenation."""
 
     def __init__(self, parts: Sequence[torch.Tensor | Inputs], device: torch.device | str) -> None:
+        if not parts:
+            raise ValueError("nothing to chain")
         self.parts = list(parts)
         self.device = torch.device(device)
         ends = [0]
         for part in self.parts:
             ends.append(ends[-1] + part.shape[0])
         self._ends = ends
-        if not self.parts:
-            raise ValueError("nothing to chain")
 
     @property
     def shape(self) -> torch.Size:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.inputs import Inputs
+from ..data.inputs import Inputs, constant, normalise
 from ..runtime.errors import UserError
 from .augment import Augment, EpochDraws, apply
 from .distributed import World
@@ -74,24 +74,19 @@ class TrainData(ByIndex):
     std: Sequence[float]
     augment: Augment = field(default_factory=Augment)
     channels_last: bool = False
-    # The constants on the images' device, built once: per batch they would cost two
-    # host-to-device copies, each a synchronisation, every step.
+    # the constants on the labels' device, built once (data.inputs.constant)
     _m: torch.Tensor = field(init=False, repr=False, compare=False)
     _s: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name, values in (("_m", self.mean), ("_s", self.std)):
-            constant = torch.tensor(values, dtype=torch.float32, device=self.y.device)
-            object.__setattr__(self, name, constant.view(1, -1, 1, 1))
+        object.__setattr__(self, "_m", constant(self.mean, self.y.device))
+        object.__setattr__(self, "_s", constant(self.std, self.y.device))
 
     def __len__(self) -> int:
         return self.x.shape[0]
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(dtype=torch.float32).div_(255)
-        xf = xf.sub_(self._m).div_(self._s)
-        layout = torch.channels_last if self.channels_last else torch.contiguous_format
-        return xf.contiguous(memory_format=layout)
+        return normalise(x, self._m, self._s, self.channels_last)
 
     def batch(
         self, idx: torch.Tensor, draws: EpochDraws | None = None

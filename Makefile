@@ -123,12 +123,16 @@ bench: bench-install
 # pipeline end to end on the GPU (dvc repro, toy sizes); then the training step eager,
 # compiled and graph-captured, and the CIFAR-10 protocol's projected time. Exits 2
 # without a CUDA device.
+# GPU_CHECK_REPO=gpu-check-repo keeps the pipeline part's scratch repo: a second
+# `make gpu-check` then goes on where a pipeline part cut at its time box stopped.
 GPU_CHECK_OUT ?= gpu-check.json
+GPU_CHECK_REPO ?=
 gpu-check: bench-install
 	rm -f $(GPU_CHECK_OUT) $(basename $(GPU_CHECK_OUT)).log
 	python scripts/gpu_check.py --out $(GPU_CHECK_OUT); a=$$?; \
 	if [ $$a -eq 2 ]; then exit 2; fi; \
-	python scripts/gpu_check.py --pipeline --out $(GPU_CHECK_OUT); b=$$?; \
+	python scripts/gpu_check.py --pipeline --out $(GPU_CHECK_OUT) \
+		$(if $(GPU_CHECK_REPO),--repo $(GPU_CHECK_REPO)); b=$$?; \
 	python scripts/gpu_check.py --speed --out $(GPU_CHECK_OUT); c=$$?; \
 	b=$$(( b > c ? b : c )); exit $$(( a > b ? a : b ))
 

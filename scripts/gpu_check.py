@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "scripts") not in sys.path:  # its helper modules, however this file is run
     sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_check_runner import NO_CUDA, TARGETS, Context, Part, child_main, run_parts  # noqa: E402
+from gpu_check_runner import KEPT_REPO, NO_CUDA, TARGETS, Context, Part, child_main, run_parts  # noqa: E402
 
 BUDGET_S = 480.0
 TEST_PARTS = "GPU_CHECK_TEST_PARTS"  # tests only: a .py file whose PARTS replace these
@@ -240,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --pipeline: the stages to reproduce (space-separated; with what they "
         "need), e.g. those a run cut short did not reach; default: every stage",
     )
+    parser.add_argument(
+        "--repo",
+        help="with --pipeline: the scratch repo's folder, kept (default: a temporary one); "
+        "run again with the same --repo, it goes on where a run cut short stopped",
+    )
     for hidden in ("--run-part", "--result"):  # a child's own arguments
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -251,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--speed and --pipeline are separate invocations")
     if args.targets is not None and not args.pipeline:
         parser.error("--targets is for --pipeline")
+    if args.repo is not None and not args.pipeline:
+        parser.error("--repo is for --pipeline")
     if args.targets is not None:
         os.environ[TARGETS] = args.targets  # the pipeline part's child reads it
+    if args.repo is not None:
+        os.environ[KEPT_REPO] = str(Path(args.repo).resolve())
     table = part_table(args.pipeline, args.speed)
     if args.run_part:
         _child(args, table)

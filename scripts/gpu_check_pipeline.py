@@ -8,6 +8,7 @@ toy sizes, and a failing stage must not cost the in-process measurements.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -21,10 +22,9 @@ from typing import Any
 
 import stage_ledger
 import yaml
-from gpu_check_runner import NO_CUDA, TARGETS, Context, PartError
+from gpu_check_runner import KEPT_REPO, NO_CUDA, TARGETS, Context, PartError
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("dvc.yaml", ".gitignore", ".dvcignore", "src", "stages")  # as tests/pipeline_repo.py
 PIPELINE_METRICS = {"map": "sgd", "swa": "swag", "swag": "swag"}  # predictor: its trajectory
 TAIL_LINES = 40
 
@@ -34,11 +34,18 @@ def targets() -> list[str]:
     return os.environ.get(TARGETS, "").split()
 
 
+def _tests_module() -> Any:
+    """``tests/pipeline_repo.py``: the tests' own pipeline repo and shrinking, not a copy."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import pipeline_repo
+
+    return pipeline_repo
+
+
 def toy_pipeline(device: str) -> dict[str, Any]:
     """The default params shrunk to a smoke run of every stage: the end-to-end tests'
     small BatchNorm MLP, one or two epochs, few samples and points, on ``device``."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from pipeline_repo import small_params  # the tests' own shrinking, not a copy of it
+    small_params = _tests_module().small_params
 
     small = small_params(epochs=2, pretrain_epochs=1, members=2)
     small["device"] = device
@@ -83,24 +90,33 @@ def _sh(repo: Path, env: dict[str, str], *cmd: str) -> None:
 
 
 def scratch_repo(repo: Path, device: str) -> dict[str, str]:
-    """The pipeline's files (as on disk: no .git needed) in ``repo`` with the toy params
-    on ``device``; a git repo where git is installed, else ``dvc init --no-scm``."""
-    for name in COPIED:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif (ROOT / name).is_file():
-            shutil.copy2(ROOT / name, repo / name)
-    (repo / "params.yaml").write_text(yaml.safe_dump(toy_pipeline(device), sort_keys=False))
+    """The pipeline's files (as ``tests/pipeline_repo.write_pipeline`` writes them: no
+    .git needed) in ``repo`` with the toy params on ``device``; a git repo where git is
+    installed, else ``dvc init --no-scm``. A repo made before (``--repo``) gets today's
+    files again and keeps its DVC state: stages whose deps kept their bytes stay done."""
+    made_before = (repo / ".dvc").is_dir()
+    for name in ("stages", "src", "networks"):
+        shutil.rmtree(repo / name, ignore_errors=True)  # files deleted since go too
+    _tests_module().write_pipeline(repo, toy_pipeline(device))
     env = stage_env(repo)
+    if made_before:
+        return env
     dvc = (sys.executable, "-m", "dvc")
-    if shutil.which("git"):
+    git = shutil.which("git") is not None
+    if git:
         _sh(repo, env, "git", "init", "-q")
-        _sh(repo, env, *dvc, "init", "-q")
+    _sh(repo, env, *dvc, "init", "-q", *([] if git else ["--no-scm"]))
+    shutil.copy2(ROOT / ".dvcignore", repo / ".dvcignore")
+    if git:
         _sh(repo, env, "git", "add", "-A")
         _sh(repo, env, "git", "commit", "-qm", "gpu-check")
-    else:
-        _sh(repo, env, *dvc, "init", "-q", "--no-scm")
     return env
+
+
+def locked_stages(repo: Path) -> list[str]:
+    """The stages ``dvc.lock`` holds: those an earlier invocation finished."""
+    path = repo / "dvc.lock"
+    return list(yaml.safe_load(path.read_text()).get("stages", {})) if path.is_file() else []
 
 
 def _metrics(repo: Path) -> dict[str, Any]:
@@ -121,9 +137,12 @@ def split(repo: Path, stages: dict[str, float]) -> dict[str, Any]:
     return {"split_seconds": totals, "stage_split_seconds": rounded}
 
 
-def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:
+def repro(
+    repo: Path, env: dict[str, str], ctx: Context, known: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``dvc repro``, its output read line by line: each ``Running stage`` line starts a
-    stage's clock (and reports what is done so far, kept if the part is killed)."""
+    stage's clock (and reports what is done so far, with ``known``, kept if the part is
+    killed)."""
     started = time.monotonic()
     stages: dict[str, float] = {}
     tail: list[str] = []
@@ -153,6 +172,7 @@ def repro(repo: Path, env: dict[str, str], ctx: Context) -> dict[str, Any]:
             current = (line.split("'")[1], now)
             ctx.report(
                 {
+                    **(known or {}),
                     "ok": False,
                     "running": current[0],
                     "stages_run": len(stages),
@@ -192,14 +212,20 @@ def pipeline(ctx: Context) -> dict[str, Any]:
 
         if not torch.cuda.is_available():
             raise PartError(NO_CUDA)
-    # in the parent's temporary folder (beside the result file): removed by the parent
-    # even when this process is killed at its time box
-    with tempfile.TemporaryDirectory(prefix="repo-", dir=ctx.result_path.parent) as tmp:
-        repo = Path(tmp)
+    kept = os.environ.get(KEPT_REPO)
+    with contextlib.ExitStack() as stack:
+        if kept:
+            repo = Path(kept).resolve()
+            repo.mkdir(parents=True, exist_ok=True)
+        else:  # in the parent's temporary folder (beside the result file): removed by
+            # the parent even when this process is killed at its time box
+            tmp = tempfile.TemporaryDirectory(prefix="repo-", dir=ctx.result_path.parent)
+            repo = Path(stack.enter_context(tmp))
         made = time.monotonic()
         env = scratch_repo(repo, ctx.device)
-        setup = round(time.monotonic() - made, 1)
-        out = repro(repo, env, ctx)
-    what = "toy sizes (gpu_check_pipeline.toy_pipeline: the tests' small_params)"
-    found = {"device": ctx.device, "params": what, "targets": targets() or "all"}
-    return {**found, "setup_seconds": setup, **out}
+        what = "toy sizes (gpu_check_pipeline.toy_pipeline: the tests' small_params)"
+        found = {"device": ctx.device, "params": what, "targets": targets() or "all"}
+        if kept:
+            found.update(repo=str(repo), stages_done_before=len(locked_stages(repo)))
+        found["setup_seconds"] = round(time.monotonic() - made, 1)
+        return {**found, **repro(repo, env, ctx, found)}

@@ -27,6 +27,9 @@ from typing import Any, TextIO
 # `gpu_check.py --pipeline --targets`: the stages the pipeline part reproduces, space-
 # separated, in the environment the part's child inherits (unset: every stage).
 TARGETS = "GPU_CHECK_TARGETS"
+# `gpu_check.py --pipeline --repo DIR`: the pipeline part's scratch repo, kept; a second
+# invocation continues where a first one cut short stopped (unset: a temporary repo).
+KEPT_REPO = "GPU_CHECK_REPO"
 NO_CUDA = (
     "gpu-check: no CUDA device (torch.cuda.is_available() is False); "
     "run it on a machine with an NVIDIA GPU"

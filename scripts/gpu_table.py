@@ -80,6 +80,8 @@ def _pipeline(found: dict[str, Any]) -> str:
         done = run.get("partial", run)
         targets = run.get("targets", done.get("targets", "all"))
         what = "all stages" if targets == "all" else f"targets {', '.join(targets)}"
+        if done.get("stages_done_before"):
+            what += f" (going on after {done['stages_done_before']} stages done before)"
         if run.get("ok"):
             cells.append(f"{what}: {done['stages_run']} stages ok in {done['dvc_seconds']:.0f} s")
         else:

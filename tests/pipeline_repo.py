@@ -39,21 +39,28 @@ def sh(
     return proc
 
 
-def make_repo(repo: Path, params: dict[str, Any]) -> Path:
-    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced
-    (``model.code`` and ``model.weights`` filled in where a test's model section
-    leaves them out: dvc.yaml reads them)."""
+PIPELINE_FILES = ("dvc.yaml", ".gitignore", "stages", "src", "networks")
+
+
+def write_pipeline(repo: Path, params: dict[str, Any]) -> None:
+    """The project's pipeline files and ``params`` in ``repo`` (``model.code`` and
+    ``model.weights`` filled in where a model section leaves them out: dvc.yaml reads
+    them). Shared by ``make_repo`` and gpu-check's scratch repo, which may lack git."""
     model = params.setdefault("model", {})
     model.setdefault("code", "networks")
     model.setdefault("weights", None)
-    shutil.copy(ROOT / "dvc.yaml", repo)
-    shutil.copy(ROOT / ".gitignore", repo)
-    shutil.copytree(ROOT / "stages", repo / "stages", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "src", repo / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(
-        ROOT / "networks", repo / "networks", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in PIPELINE_FILES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, repo / name, ignore=ignore)
+        else:
+            shutil.copy(ROOT / name, repo / name)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def make_repo(repo: Path, params: dict[str, Any]) -> Path:
+    """A git + DVC repo with the project's pipeline and ``params``, not yet reproduced."""
+    write_pipeline(repo, params)
     sh(repo, "git", "init", "-q")
     sh(repo, DVC, "init", "-q")
     shutil.copy(ROOT / ".dvcignore", repo)

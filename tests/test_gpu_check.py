@@ -373,6 +373,38 @@ def test_the_pipeline_part_says_in_one_line_that_dvc_is_missing(
         gpu_check_pipeline.pipeline(ctx)
 
 
+def test_the_pipeline_part_runs_the_real_pipeline_and_goes_on_in_a_kept_repo(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The scratch repo holds the project's pipeline as DVC reads it (every param and
+    folder ``dvc.yaml`` names: a new ``${model.code}`` once stopped it at parse time),
+    and with ``--repo`` a second invocation skips what the first finished."""
+    import gpu_check_pipeline
+    from gpu_check_runner import KEPT_REPO, TARGETS, Context
+
+    repo = tmp_path / "kept"
+    monkeypatch.setenv(KEPT_REPO, str(repo))
+    monkeypatch.setenv(TARGETS, "validate")
+    ctx = Context("cpu", True, time.time() + 120, tmp_path / "r.json")
+    first = gpu_check_pipeline.pipeline(ctx)
+    assert first["ok"] is True, first.get("error_tail")
+    assert first["stages_done_before"] == 0 and list(first["stage_seconds"]) == ["validate"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "dvc", "stage", "list", "--name-only"],
+        cwd=repo,
+        env=gpu_check_pipeline.stage_env(repo),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert {s.split("@")[0] for s in listed} == set(declared)
+    (repo / "src/bayesavg/seeding.py").unlink()  # the next invocation restores the code
+    again = gpu_check_pipeline.pipeline(ctx)
+    assert again["ok"] is True and again["stages_done_before"] == 1, again
+    assert again["stages_run"] == 0  # the same bytes: validate is up to date
+
+
 @pytest.mark.slow
 def test_every_real_part_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
     """All parts, --device cpu --quick (about 60 s on 2 cores): every key is there."""

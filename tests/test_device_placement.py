@@ -15,6 +15,7 @@ The CUDA path cannot run in CI, so two CPU checks stand in for it:
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,11 @@ HOST_FUNCTIONS = {
 }
 
 
-def _factory_calls(path: Path) -> list[tuple[str, int, str]]:
-    """(qualified function name, line, factory) of each factory call without a device."""
+Parents = dict[ast.AST, ast.AST]
+
+
+def _calls(path: Path, wanted: Callable[[ast.Call, Parents], bool]) -> list[tuple[str, int]]:
+    """(qualified name of the enclosing function, line) of each call ``wanted`` accepts."""
     tree = ast.parse(path.read_text())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
@@ -91,24 +95,32 @@ def _factory_calls(path: Path) -> list[tuple[str, int, str]]:
                 names.append(node.name)
         return ".".join(reversed(names)) or "<module>"
 
-    found = []
-    for node in ast.walk(tree):
-        func = getattr(node, "func", None)
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(func, ast.Attribute)
-            and isinstance(func.value, ast.Name)
-            and func.value.id == "torch"
-            and func.attr in FACTORIES
-        ):
-            continue
-        if any(k.arg == "device" for k in node.keywords):
-            continue
-        parent = parents.get(node)
-        if isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda"):
-            continue
-        found.append((where(node), node.lineno, func.attr))
-    return found
+    return [
+        (where(node), node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and wanted(node, parents)
+    ]
+
+
+def _factory_without_device(node: ast.Call, parents: Parents) -> bool:
+    """``torch.<factory>(...)`` with no ``device=``, not moved at once (``.to``/``.cuda``)."""
+    func = node.func
+    if not (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "torch"
+        and func.attr in FACTORIES
+    ):
+        return False
+    if any(k.arg == "device" for k in node.keywords):
+        return False
+    parent = parents.get(node)
+    return not (isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda"))
+
+
+def _factory_calls(path: Path) -> list[tuple[str, int]]:
+    """(qualified function name, line) of each factory call without a device."""
+    return _calls(path, _factory_without_device)
 
 
 def _library_files() -> list[Path]:
@@ -120,12 +132,12 @@ def test_every_tensor_built_in_device_side_code_names_its_device() -> None:
     for path in _library_files():
         if path.stem in HOST_MODULES:
             continue
-        for func, line, factory in _factory_calls(path):
+        for func, line in _factory_calls(path):
             key = f"{path.stem}.{func}"
             if key in HOST_FUNCTIONS:
                 used.add(key)
             else:
-                unexplained.append(f"{path.relative_to(SRC)}:{line} {func}: torch.{factory}")
+                unexplained.append(f"{path.relative_to(SRC)}:{line} {func}")
     assert not unexplained, (
         "tensors built without device= in device-side code (take the device from an input: "
         "x.new_tensor, torch.zeros_like, device=x.device; or list the function in "
@@ -144,7 +156,47 @@ def test_the_check_finds_a_host_tensor_mixed_into_device_code(tmp_path: Path) ->
         "def ok(x):\n"
         "    return torch.zeros(3, device=x.device) + torch.arange(3).to(x.device)\n"
     )
-    assert _factory_calls(bad) == [("_sums", 3, "tensor")]
+    assert _factory_calls(bad) == [("_sums", 3)]
+
+
+# Code that runs every training step: a tensor made there from Python numbers is a copy
+# from pageable host memory, which on CUDA waits for the stream (a host sync per step;
+# resized_crop's fallback box was one).
+PER_STEP = ["training/augment.py", "training/batches.py", "training/train.py"]
+PER_STEP += ["training/graphs.py", "training/sam.py", "training/optim.py", "posteriors/vi.py"]
+ONCE = {"optim.Adam.step": "each parameter's step counter, made at its first step"}
+
+
+def _host_copy(node: ast.Call, parents: Parents) -> bool:
+    """``x.new_tensor(...)``, or ``torch.tensor/as_tensor(..., device=...)``."""
+    func = node.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    named = any(k.arg == "device" for k in node.keywords)
+    return func.attr == "new_tensor" or (func.attr in ("tensor", "as_tensor") and named)
+
+
+def test_no_tensor_is_made_from_host_numbers_in_a_training_step() -> None:
+    found = {
+        f"{Path(rel).stem}.{func}": line
+        for rel in PER_STEP
+        for func, line in _calls(SRC / rel, _host_copy)
+    }
+    assert found.keys() - ONCE.keys() == set(), (
+        "per-step code makes device tensors from host numbers (a host sync per step on "
+        f"CUDA): use Python scalars in the ops, or build once; else list in ONCE: {found}"
+    )
+    assert ONCE.keys() <= found.keys(), f"stale ONCE: {ONCE.keys() - found.keys()}"
+
+
+def test_the_check_finds_resized_crops_old_fallback_box(tmp_path: Path) -> None:
+    bad = tmp_path / "augment.py"
+    bad.write_text(
+        "def _boxes(box, h, w):\n"
+        "    fallback = box.new_tensor([0, 0, h, w])\n"
+        "    return torch.tensor(1.0, device=box.device) + torch.tensor(2.0)\n"
+    )
+    assert _calls(bad, _host_copy) == [("_boxes", 2), ("_boxes", 3)]
 
 
 # --- the device-side code on the meta device -----------------------------------------

@@ -20,7 +20,7 @@ from bayesavg.config import parse_params
 from bayesavg.models import build_model
 from bayesavg.posteriors import MeanFieldVI, svi_step
 from bayesavg.posteriors.file import PosteriorFile, save_posterior
-from bayesavg.training.graphs import GraphStep, unsupported
+from bayesavg.training.graphs import GraphStep, rate_dtype, unsupported
 from bayesavg.training.optim import SGD, Adam
 from bayesavg.training.train import StepContext, sgd_step
 from bayesavg.trajectories import finetune
@@ -107,6 +107,18 @@ def test_adam_at_a_float64_tensor_rate_is_bitwise_adam_at_a_float_rate() -> None
         float_opt.step()
         tensor_opt.step()
     assert torch.equal(a, b)
+
+
+def test_adams_rate_on_cuda_is_the_float32_its_fused_kernel_reads() -> None:
+    """CUDA's fused Adam reads a tensor rate with ``lr.const_data_ptr<float>()``: a float64
+    rate fails there ("expected scalar type Float"), so the graph step gives it float32;
+    SGD's own ``addcmul`` and every CPU step keep the float64 rate (bitwise, above)."""
+    p = [torch.zeros(3)]
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert rate_dtype(Adam(p), cuda) is torch.float32
+    assert rate_dtype(Adam(p), cpu) is rate_dtype(SGD(p), cuda) is torch.float64
+    step = GraphStep(torch.nn.Linear(2, 2), Adam(p), sgd_step, StepContext(), cpu)
+    assert step.rate.dtype is torch.float64
 
 
 @pytest.mark.parametrize("kind", ["sgd", "svi"])

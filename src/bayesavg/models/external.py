@@ -19,6 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..runtime.errors import UserError
+from .pooling import deterministic_pooling
 
 TORCHVISION = "torchvision:"
 FACTORY = "factory:"
@@ -111,9 +112,12 @@ def _construct(build: Callable[[], nn.Module], what: str, options: dict[str, Any
 def build_external(
     name: str, in_shape: tuple[int, int, int], num_classes: int, options: dict[str, Any]
 ) -> nn.Module:
+    """The network, its adaptive pooling made deterministic on CUDA (``pooling``)."""
     if name.startswith(TORCHVISION):
-        return torchvision_model(name.removeprefix(TORCHVISION), in_shape, num_classes, **options)
-    return factory_model(name.removeprefix(FACTORY), in_shape, num_classes, **options)
+        model = torchvision_model(name.removeprefix(TORCHVISION), in_shape, num_classes, **options)
+    else:
+        model = factory_model(name.removeprefix(FACTORY), in_shape, num_classes, **options)
+    return deterministic_pooling(model)
 
 
 def head_name(model: nn.Module, num_classes: int) -> str | None:

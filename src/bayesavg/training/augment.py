@@ -120,9 +120,13 @@ def _boxes(box: torch.Tensor, height: int, width: int) -> torch.Tensor:
         fh = round(width / RATIO[0])
     elif in_ratio > RATIO[1]:
         fw = round(height * RATIO[1])
-    fallback = box.new_tensor([(height - fh) // 2, (width - fw) // 2, fh, fw])
-    found = torch.stack([top, left, h, w], dim=1)
-    return torch.where(any_fit.view(-1, 1), found, fallback)
+    # column by column against Python numbers: a tensor of them would be a copy from
+    # pageable host memory each batch, which on CUDA waits for the stream (a host sync)
+    fallback = ((height - fh) // 2, (width - fw) // 2, fh, fw)
+    found = (top, left, h, w)
+    return torch.stack(
+        [torch.where(any_fit, c, float(v)) for c, v in zip(found, fallback, strict=True)], dim=1
+    )
 
 
 def _resized_crop(x: torch.Tensor, draws: EpochDraws) -> torch.Tensor:

@@ -147,7 +147,9 @@ class StreamedData(TrainData):
             return
         pending: deque[Future[tuple[torch.Tensor, torch.cuda.Event | None]]] = deque()
         hosts = [shard(order.host[start:end], world) for start, end in bounds]
-        with ThreadPoolExecutor(workers, thread_name_prefix="stream") as pool:
+        with ThreadPoolExecutor(
+            workers, thread_name_prefix="stream", initializer=_use_device, initargs=(self.y.device,)
+        ) as pool:
             ahead = iter(hosts)
             for (start, end), _ in zip(bounds, hosts, strict=True):
                 while len(pending) < self.prefetch and (nxt := next(ahead, None)) is not None:
@@ -178,6 +180,14 @@ class StreamedData(TrainData):
             current = torch.cuda.current_stream(x.device)
             current.wait_event(ready)
             x.record_stream(current)
+
+
+def _use_device(device: torch.device) -> None:
+    """A worker thread's CUDA device is the data's: a new thread starts on GPU 0, where
+    ``pin_memory`` and leaving ``torch.cuda.stream`` would otherwise open a context of
+    its own (hundreds of MB) on every rank of a multi-GPU run."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 _COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}

@@ -6,10 +6,11 @@ A small network on a fast GPU mostly waits for Python and kernel launches
 needs is what this step is made of, on every device ("graph-ready"):
 
 - static batch buffers: each batch is copied into the same tensors;
-- the learning rate as a float64 device tensor that the loop fills before each
-  step (``fill_`` with a Python number: a kernel argument, no synchronisation);
-  SGD updates with ``addcmul`` by it and fused Adam takes it natively, both
-  bitwise the update at a float rate;
+- the learning rate as a device tensor that the loop fills before each step
+  (``fill_`` with a Python number: a kernel argument, no synchronisation); SGD
+  updates with ``addcmul`` by it and fused Adam takes it natively, both bitwise
+  the update at a float rate on the CPU (on CUDA, Adam's kernel takes a float32
+  rate: ``rate_dtype``);
 - forward, backward, the optimizer's step and the epoch's running loss and
   accuracy sums inside the step; nothing reads a device value on the host.
 
@@ -30,7 +31,7 @@ import logging
 import torch
 from torch import nn
 
-from .optim import Optimizer
+from .optim import Adam, Optimizer
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,17 @@ def unsupported(*, sam: bool, sgld: bool, precision: str, processes: int) -> str
     return None
 
 
+def rate_dtype(optimizer: Optimizer, device: torch.device) -> torch.dtype:
+    """The learning-rate tensor's dtype: float64, the rate as the float the plain loop
+    passes (bitwise on the CPU, tests/test_graphs.py), except for Adam on CUDA, whose
+    fused kernel reads a tensor rate as float32 (``lr.const_data_ptr<float>()``) and
+    fails on any other dtype. There the rate is rounded to float32, as the kernel's
+    float arithmetic rounds a float rate anyway, up to the last bit of the step size."""
+    if isinstance(optimizer, Adam) and device.type == "cuda":
+        return torch.float32
+    return torch.float64
+
+
 class GraphStep:
     """One graph-ready training step of ``model`` with ``optimizer``; captured on CUDA.
 
@@ -64,7 +76,7 @@ class GraphStep:
         self.step = step
         self.ctx = ctx
         self.capture = device.type == "cuda"
-        self.rate = torch.zeros((), dtype=torch.float64, device=device)
+        self.rate = torch.zeros((), dtype=rate_dtype(optimizer, device), device=device)
         for group in optimizer.param_groups:
             group["lr"] = self.rate
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -115,7 +127,10 @@ class GraphStep:
             return
         self.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: streamed data's worker threads (batches.StreamedData) go on
+        # pinning and copying the next batches on their own stream meanwhile; the
+        # default ("global") mode fails any CUDA call another thread makes during capture
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self._body(sx, sy)
         self._graphs[shape] = graph
         log.info("captured the training step for batches of %s as a CUDA graph", list(shape))

@@ -1,91 +1,77 @@
-"""Adaptive pooling without ``adaptive_avg_pool2d``'s backward (models/pooling.py): it
-has no deterministic CUDA kernel, so torchvision's VGG and AlexNet would stop at their
-first backward on a GPU. The CPU checks: the same values (bitwise where the windows
-tile the input), the same gradients, and no adaptive-pooling node left in the graph."""
+"""LeNet-5's max pooling: the strided-maximum forward gives nn.MaxPool2d's bytes."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bayesavg.models import build_model
-from bayesavg.models.pooling import DeterministicAdaptiveAvgPool2d, deterministic_pooling
-
-SHAPES = [
-    (14, 14, 7),  # windows tile the input: avg_pool2d
-    (7, 7, 7),
-    (224, 224, (7, 7)),
-    (9, 4, (None, 3)),
-    (13, 13, 6),  # overlapping windows: the averaging matrices
-    (2, 2, 7),  # more outputs than inputs
-    (5, 9, (3, None)),
-]
+from bayesavg.models.small import MaxPool2x2
 
 
-def _grad_fns(out: torch.Tensor) -> set[str]:
-    """The names of every node of ``out``'s autograd graph."""
-    names, seen, todo = set(), set(), [out.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        names.add(fn.name())
-        todo.extend(f for f, _ in fn.next_functions)
-    return names
+def _inputs(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """Random values with ties inside windows (exact zeros after ReLU, repeated values)
+    and a NaN: the cases where a maximum could be taken from the wrong place."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.relu(torch.randn(shape, generator=gen))
+    h, w = shape[-2] // 2 * 2, shape[-1] // 2 * 2
+    corner, other = x[..., 0:h:2, 0:w:2], x[..., 1:h:2, 1:w:2]
+    tie = torch.rand(other.shape, generator=gen) < 0.2
+    x[..., 1:h:2, 1:w:2] = torch.where(tie, corner, other)
+    x.view(-1)[x.numel() // 2] = float("nan")
+    return x
 
 
-@pytest.mark.parametrize(("height", "width", "size"), SHAPES)
-def test_values_and_gradients_are_adaptive_pooling(height: int, width: int, size) -> None:
-    gen = torch.Generator().manual_seed(height * 31 + width)
-    x = torch.randn(2, 3, height, width, generator=gen, requires_grad=True)
-    ours, theirs = DeterministicAdaptiveAvgPool2d(size), nn.AdaptiveAvgPool2d(size)
-    got, want = ours(x), theirs(x)
-    out_h, out_w = size if isinstance(size, tuple) else (size, size)
-    if height % (out_h or height) == 0 and width % (out_w or width) == 0:  # windows tile
-        assert torch.equal(got, want)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-    weights = torch.randn(want.shape, generator=gen)
-    (g_ours,) = torch.autograd.grad((got * weights).sum(), x)
-    (g_theirs,) = torch.autograd.grad((want * weights).sum(), x)
-    torch.testing.assert_close(g_ours, g_theirs, rtol=0, atol=1e-6)
-    assert not any("AdaptiveAvgPool" in name for name in _grad_fns(got))
+@pytest.mark.parametrize("shape", [(1, 1, 2, 2), (5, 6, 28, 28), (3, 16, 10, 10)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_inference_forward_is_max_pool_bitwise(shape: tuple[int, ...], channels_last: bool) -> None:
+    x = _inputs(shape, seed=len(shape) + shape[0])
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    expected = F.max_pool2d(x, 2)
+    for context in (torch.no_grad, torch.inference_mode):
+        with context():
+            got = MaxPool2x2()(x)
+        assert got.shape == expected.shape
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected))
 
 
-def test_channels_last_and_bf16_keep_their_layout_and_dtype() -> None:
-    x = torch.randn(2, 3, 13, 13).to(memory_format=torch.channels_last)
-    assert torch.equal(DeterministicAdaptiveAvgPool2d(7)(x[..., :7, :7]), x[..., :7, :7])
-    half = DeterministicAdaptiveAvgPool2d(6)(x.bfloat16())
-    assert half.dtype == torch.bfloat16 and half.shape == (2, 3, 6, 6)
+def test_with_autograd_it_is_max_pool_gradient_included() -> None:
+    """Training and sharpness take nn.MaxPool2d's path: the gradient goes to the first
+    maximum of each window, ties included."""
+    x0 = torch.nan_to_num(_inputs((4, 6, 12, 12), seed=1))
+    grad = torch.randn(4, 6, 6, 6, generator=torch.Generator().manual_seed(2))
+    results = []
+    for pool in (nn.MaxPool2d(2), MaxPool2x2()):
+        x = x0.clone().requires_grad_()
+        y = pool(x)
+        y.backward(grad)
+        results.append((y.detach(), x.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
 
 
-def test_torchvision_alexnet_loses_adaptive_pooling_but_not_weights() -> None:
-    """AlexNet (6 x 6 pooling; VGG's 7 x 7 is the same module): the same state_dict keys
-    as torchvision's, the same outputs, no adaptive-pooling node in the graph."""
-    model = build_model("torchvision:alexnet", (3, 64, 64), 5).eval()
-    assert type(model.avgpool) is DeterministicAdaptiveAvgPool2d
-    assert not [m for m in model.modules() if type(m) is nn.AdaptiveAvgPool2d]
-    plain = copy.deepcopy(model)
-    plain.avgpool = nn.AdaptiveAvgPool2d(6)  # as torchvision builds it
-    assert model.state_dict().keys() == plain.state_dict().keys()
-    x = torch.randn(2, 3, 64, 64, requires_grad=True)
-    out = model(x)
-    torch.testing.assert_close(out, plain(x), rtol=0, atol=1e-5)
-    assert not any("AdaptiveAvgPool" in name for name in _grad_fns(out))
-    assert any("AdaptiveAvgPool" in name for name in _grad_fns(plain(x)))  # the check sees it
+def test_odd_sizes_take_max_pool_itself() -> None:
+    x = _inputs((2, 3, 7, 9), seed=3)
+    with torch.no_grad():
+        got = MaxPool2x2()(x)
+    expected = F.max_pool2d(x, 2)
+    assert got.shape == (2, 3, 3, 4)
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected))
 
 
-def test_pooling_to_one_pixel_is_left_alone() -> None:
-    """A mean already (deterministic); a resnet stays torchvision's own module."""
-    model = build_model("torchvision:resnet18", (3, 32, 32), 4)
-    assert type(model.avgpool) is nn.AdaptiveAvgPool2d
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d((1, 1)), nn.AdaptiveAvgPool2d(2))
-    deterministic_pooling(net)
-    assert [type(m).__name__ for m in net] == [
-        "Conv2d",
-        "AdaptiveAvgPool2d",
-        "DeterministicAdaptiveAvgPool2d",
-    ]
+def test_lenet5_predicts_what_it_did_with_max_pool() -> None:
+    torch.manual_seed(0)
+    model = build_model("lenet5", (1, 28, 28), 10).eval()
+    plain = build_model("lenet5", (1, 28, 28), 10).eval()
+    plain.load_state_dict(model.state_dict())
+    for i, layer in enumerate(plain):
+        if isinstance(layer, MaxPool2x2):
+            plain[i] = nn.MaxPool2d(2)
+    assert sum(isinstance(m, MaxPool2x2) for m in model.modules()) == 2
+    x = torch.randn(64, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        assert torch.equal(model(x), plain(x))

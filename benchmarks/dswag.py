@@ -59,7 +59,8 @@ def job(args: argparse.Namespace) -> None:
     from bayesavg.runtime.io import write_text
     from bayesavg.seeding import seed_everything
     from bayesavg.training.distributed import join
-    from bayesavg.trajectories import posterior_fields, tensors
+    from bayesavg.trajectories import posterior_fields
+    from bayesavg.trajectories.common import watched
 
     torch.set_num_threads(numerics.threads())  # the data's statistics too: same on every count
     p = load_params(ROOT / "params.yaml")
@@ -73,7 +74,7 @@ def job(args: argparse.Namespace) -> None:
         d = p.data
         prepared = prepare(d.dataset, d.raw_dir, tmp, p.seed, d.test_fraction, d.val_fraction)
     device = torch.device("cpu")
-    splits = {s: tensors(getattr(prepared, s), prepared, device) for s in ("train", "val", "test")}
+    splits = {s: watched(getattr(prepared, s), prepared, device) for s in ("train", "val", "test")}
     seed_everything(p.seed, device)
     kwargs = p.model.kwargs()
     net = build_model(p.model.name, prepared.input_shape, prepared.num_classes, kwargs)

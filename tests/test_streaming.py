@@ -300,3 +300,50 @@ def test_streamed_evaluation_is_bitwise_the_in_memory_one_a_batch_at_a_time(
             assert torch.equal(a.log_probs, b.log_probs)
             assert json.dumps(a.metrics) == json.dumps(b.metrics)
             assert a.by_samples == b.by_samples
+
+
+def test_dswag_clients_stream_bitwise_the_whole_tensor_run(
+    both: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Distributed SWAG's clients and its per-round evaluation read their shards a batch
+    at a time (never the split whole as float32): from memory, and from the memory-
+    mapped split, bitwise the run on whole float tensors the trajectory took before."""
+    from bayesavg.config import DSWAGTrajectory
+    from bayesavg.data.inputs import Inputs
+    from bayesavg.data.prepared import to_input
+    from bayesavg.dswag import rounds
+    from bayesavg.training.batches import Tensors
+
+    def tensors(split: Any, prepared: Any, device: torch.device) -> Tensors:
+        """A split whole as float32 on the device, as DSWAG took it before."""
+        m = prepared.manifest
+        return Tensors(to_input(split.x, m["mean"], m["std"], device), split.y.to(device))
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params = _params({"crop_padding": 0, "flip": False}, batch_norm=True)
+    traj = copy.deepcopy(raw["finetune"]["dswag"])
+    traj.update(clients=3, batch_size=64, max_rank=3)
+    traj["phase1"]["rounds"] = 1
+    traj["phase2"].update(epochs=1, snapshots_per_client=1)
+    traj = DSWAGTrajectory.model_validate(traj)
+    torch.manual_seed(0)
+    start = pretrain_members(params, both["memory"], CPU).posterior
+    reads = _rows_read(monkeypatch, Inputs, "__getitem__")
+    runs = {}
+    for kind in ("memory", "stream"):
+        runs[kind] = rounds.finetune_dswag(params, "dswag", both[kind], start, CPU, traj)
+    assert reads and max(reads) <= max(traj.batch_size, rounds.EVAL_CHUNK)
+    monkeypatch.setattr(rounds, "watched", tensors)  # the whole-tensor inputs of before
+    runs["whole"] = rounds.finetune_dswag(params, "dswag", both["memory"], start, CPU, traj)
+    a = runs["memory"]
+    assert a is not None and a.posterior.collector is not None
+    for other in (runs["stream"], runs["whole"]):
+        assert other is not None and other.posterior.collector is not None
+        assert torch.equal(a.posterior.theta, other.posterior.theta)
+        for key, value in a.posterior.collector.items():
+            b = other.posterior.collector[key]
+            assert torch.equal(value, b) if torch.is_tensor(value) else value == b, key
+        drop = {"seconds"}
+        assert [{k: v for k, v in r.items() if k not in drop} for r in a.history] == [
+            {k: v for k, v in r.items() if k not in drop} for r in other.history
+        ]

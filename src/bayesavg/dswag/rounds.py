@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from ..config import DSWAGTrajectory, Params
+from ..data.inputs import Inputs
 from ..data.prepared import Prepared
 from ..posteriors import SWAG
 from ..posteriors.file import PosteriorFile
@@ -53,7 +54,8 @@ from ..training.flat import params_vector
 from ..training.optim import SGD
 from ..training.schedules import lr_at
 from ..training.train import train
-from ..trajectories import RunResult, posterior_fields, start_model, tensors, trajectory_kwargs
+from ..trajectories import RunResult, posterior_fields, start_model, trajectory_kwargs
+from ..trajectories.common import watched
 from .federated import dirichlet_split, fedavg_weights, iid_split, phase2_rate, sample_clients
 
 log = logging.getLogger(__name__)
@@ -173,7 +175,7 @@ def finetune_dswag(
     kwargs = trajectory_kwargs(start, traj.dropout)
     fields = posterior_fields(params, prepared, name, kwargs)
     net = start_model(start, kwargs, device)
-    splits = {s: tensors(getattr(prepared, s), prepared, device) for s in ("train", "val", "test")}
+    splits = {s: watched(getattr(prepared, s), prepared, device) for s in ("train", "val", "test")}
     out = run_dswag(params.seed, name, traj, net, splits, prepared.train.y, fields)
     if out is None:
         return None
@@ -193,7 +195,8 @@ def run_dswag(
 ) -> tuple[PosteriorFile, list[dict[str, float]]] | None:
     """Run trajectory ``name`` from ``net`` on this process's share of the clients.
 
-    ``splits``: model-ready train, val and test tensors on the device;
+    ``splits``: model-ready train, val and test inputs (tensors, or ``Inputs`` read a
+    batch at a time) on the device;
     ``labels``: the training labels on the CPU (for the split). Joins the
     torch.distributed run if there is one, and leaves it after unless the caller
     joined first (``distributed.joined``). Returns (posterior, history) on rank 0,
@@ -279,6 +282,12 @@ def explore(
     return collector
 
 
+def _rows(x: torch.Tensor | Inputs, rows: torch.Tensor) -> torch.Tensor | Inputs:
+    """A client's shard of the training inputs: rows read when batched (``Inputs``, so
+    a streamed split is never whole as float32) or, for tensors, a copy of them."""
+    return x.subset(rows) if isinstance(x, Inputs) else x[rows]
+
+
 def _run(
     seed: int,
     name: str,
@@ -291,7 +300,7 @@ def _run(
 ) -> tuple[PosteriorFile, list[dict[str, float]]] | None:
     device, train_t = world.device, splits["train"]
     indices = [i.to(device) for i in shards(traj, labels, seed)]
-    data = [Tensors(train_t.x[i], train_t.y[i]) for i in indices]
+    data = [Tensors(_rows(train_t.x, i), train_t.y[i]) for i in indices]
     global_state = state_vector(net)
     s1 = traj.phase1.schedule
     round_rate = lr_at(s1.kind, s1.lr, s1.lr_end, s1.cycle_length, traj.phase1.rounds)

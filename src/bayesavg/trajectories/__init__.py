@@ -42,7 +42,6 @@ from .common import (
     posterior_fields,
     pretrain_seed,
     start_model,
-    tensors,
     trajectory_kwargs,
 )
 from .from_weights import pretrain_from_weights
@@ -59,7 +58,6 @@ __all__ = [
     "pretrain",
     "pretrain_members",
     "start_model",
-    "tensors",
     "trajectory_kwargs",
 ]
 

@@ -11,7 +11,7 @@ from torch import nn
 from ..config import Params
 from ..data.datasets import Split
 from ..data.inputs import Inputs
-from ..data.prepared import Prepared, to_input
+from ..data.prepared import Prepared
 from ..models import build_model
 from ..posteriors.file import PosteriorFile, load_theta
 from ..seeding import derive_seed
@@ -53,11 +53,6 @@ def compute_for(params: Params, device: torch.device, world: World | None = None
         compile=params.compile,
         cuda_graphs=params.cuda_graphs,
     )
-
-
-def tensors(split: Split, prepared: Prepared, device: torch.device) -> Tensors:
-    m = prepared.manifest
-    return Tensors(to_input(split.x, m["mean"], m["std"], device), split.y.to(device))
 
 
 def watched(split: Split, prepared: Prepared, device: torch.device) -> Tensors:

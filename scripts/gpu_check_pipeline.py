@@ -95,9 +95,11 @@ def scratch_repo(repo: Path, device: str) -> dict[str, str]:
     installed, else ``dvc init --no-scm``. A repo made before (``--repo``) gets today's
     files again and keeps its DVC state: stages whose deps kept their bytes stay done."""
     made_before = (repo / ".dvc").is_dir()
-    for name in ("stages", "src", "networks"):
-        shutil.rmtree(repo / name, ignore_errors=True)  # files deleted since go too
-    _tests_module().write_pipeline(repo, toy_pipeline(device))
+    tests = _tests_module()
+    for name in tests.PIPELINE_FILES:  # the copied folders go first: files deleted since too
+        if (repo / name).is_dir():
+            shutil.rmtree(repo / name)
+    tests.write_pipeline(repo, toy_pipeline(device))
     env = stage_env(repo)
     if made_before:
         return env

@@ -4,8 +4,9 @@ Run as a script (``python tests/numerics_probe.py PREPARED_DIR``), natively and 
 an emulated CPU (``qemu-x86_64 -cpu Haswell``), by ``tests/test_numerics.py``: the
 pins in ``bayesavg.runtime.numerics`` make the digests the same. What it runs is the
 pipeline's own code on an mnist5k subset: LeNet-5 pretrained from its seed for 16
-SGD steps; from there 16 steps of the SWAG trajectory with a snapshot every 4 and 16
-steps of mean-field VI (Adam); one SWAG sample evaluated on 200 test images.
+SGD steps; from there 16 steps of the SWAG trajectory with a snapshot every 4, 16
+steps of mean-field VI (Adam) and the last-layer KFAC Laplace fit with its prior
+precision by marginal likelihood; one SWAG sample evaluated on 200 test images.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ PARAMS = {
             "schedule": {"kind": "cosine", "lr": 0.001, "lr_end": 0.00001},
             "vi": {"sigma_init": 0.03, "optimizer": "adam"},
         },
+        "laplace": {"kind": "laplace", "start": "pretrain", "batch_size": 256},
     },
     "evaluate": {"predictors": {"swag": {"swag": {"method": "swag"}}}},
 }
@@ -85,6 +87,8 @@ def main(prepared_dir: str) -> None:
     pre = pretrain(params, prepared, cpu)
     swag = finetune(params, "swag", prepared, pre.posterior, cpu)
     vi = finetune(params, "vi", prepared, pre.posterior, cpu)
+    fit = finetune(params, "laplace", prepared, pre.posterior, cpu).posterior.laplace
+    assert fit is not None
     test = subset(full.test, TEST)
     x = to_input(test.x, full.manifest["mean"], full.manifest["std"])
     result = evaluate(swag.posterior, "swag", {"test": (x, test.y)}, n_samples=1, seed=0)["test"]
@@ -93,6 +97,10 @@ def main(prepared_dir: str) -> None:
         "pretrain": digest([pre.posterior.theta]),
         "swag": digest([swag.posterior.theta, *collected]),
         "vi": digest([vi.posterior.theta, vi.posterior.rho]),
+        "laplace": digest(
+            [t for b in fit["blocks"] for t in b["eigenvectors"] + b["eigenvalues"]]
+            + [fit["prior_precision"]]
+        ),
         "nll": result.metrics["nll"],
         "log_probs": digest([result.log_probs]),
         "settings": numerics.describe(),

@@ -227,7 +227,9 @@ def test_predicting_never_imports_laplace(fitted: Fitted, monkeypatch) -> None:
     for name in [m for m in sys.modules if m == "laplace" or m.startswith("laplace.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "laplace", None)
-    spec = importlib.util.spec_from_file_location("_fresh_laplace", lap.__file__)
+    # named inside the package, so its relative imports (bayesavg.training.ieee) resolve
+    fresh_name = "bayesavg.posteriors._fresh_laplace"
+    spec = importlib.util.spec_from_file_location(fresh_name, lap.__file__)
     assert spec is not None and spec.loader is not None
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)
@@ -260,3 +262,42 @@ def test_a_fixed_prior_precision_is_kept_and_a_bad_one_refused(fitted: Fitted) -
     for bad in (0.0, -1.0, "mle"):
         with pytest.raises(ValueError, match="prior must be one of marglik, none or a positive"):
             fit_last_layer(fitted.model, fitted.loader, prior=bad)
+
+
+def test_the_hessian_root_is_curvlinops_formula_with_the_correctly_rounded_root() -> None:
+    from curvlinops.kfac_utils import loss_hessian_matrix_sqrt
+
+    from bayesavg.training import ieee
+
+    torch.manual_seed(0)
+    outputs = torch.randn(200, 1, 10) * 4
+    loss = nn.CrossEntropyLoss(reduction="sum")
+    for out in outputs:
+        s = lap.cross_entropy_hessian_sqrt(out)
+        p = out.softmax(dim=1).squeeze()
+        root = ieee.sqrt(p)
+        assert torch.equal(s, torch.diag(root) - torch.outer(p, root))
+        # curvlinops' own differs at most by torch.sqrt's last bit
+        assert torch.allclose(s, loss_hessian_matrix_sqrt(out, torch.tensor([0]), loss), atol=2e-7)
+        # and S S^T is the cross-entropy Hessian diag(p) - p p^T
+        p64 = out.double().softmax(dim=1).squeeze()
+        hessian = torch.diag(p64) - torch.outer(p64, p64)
+        assert torch.allclose(s.double() @ s.double().T, hessian, atol=1e-6)
+
+
+def test_the_exact_root_is_used_inside_the_fit_only() -> None:
+    from curvlinops import kfac
+
+    original = kfac.loss_hessian_matrix_sqrt
+    out = torch.randn(1, 4)
+    with lap.exact_hessian_sqrt():
+        swapped = kfac.loss_hessian_matrix_sqrt
+        assert swapped is not original
+        ce = swapped(out, torch.tensor([1]), nn.CrossEntropyLoss(reduction="sum"))
+        assert torch.equal(ce, lap.cross_entropy_hessian_sqrt(out))
+        mse = swapped(out, torch.zeros(1, 4), nn.MSELoss(reduction="sum"))
+        assert torch.equal(mse, original(out, torch.zeros(1, 4), nn.MSELoss(reduction="sum")))
+    assert kfac.loss_hessian_matrix_sqrt is original
+    with pytest.raises(RuntimeError, match="inside"), lap.exact_hessian_sqrt():
+        raise RuntimeError("inside")
+    assert kfac.loss_hessian_matrix_sqrt is original

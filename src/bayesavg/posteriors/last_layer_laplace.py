@@ -17,6 +17,14 @@ Conventions of laplace-torch 0.3 (``KronLLLaplace``, damping off) reproduced bel
   1 / sigma_noise^2 / temperature, 1 here) and the prior precision is added to the
   eigenvalue products as ``deltas[block]``, giving eigenvalues ``outer(l1, l2) + delta``
   with eigenvectors ``kron(Q1, Q2)``.
+
+Two of the fit's steps are done here rather than by the libraries, for the bytes: both
+call ``torch.sqrt``, whose float32 result on the CPU (MKL's) differs in the last bit
+between CPUs (``training.ieee``), so the fitted factors and prior precision did too.
+curvlinops' square root of the cross-entropy Hessian is replaced, for the fit only, by
+the same formula with the correctly rounded root, and the marginal-likelihood prior
+search is laplace-torch's (Adam, step 0.1, 100 steps on the log prior precision, from
+1) with torch's fused Adam, whose square root is the exact one.
 """
 
 from __future__ import annotations
@@ -24,16 +32,21 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from ..training import ieee
 
 LAPLACE_FORMAT = "bayesavg.laplace/1"
 KINDS = ("probit", "map")
 PRIORS = ("marglik", "none")
 # Warnings laplace-torch raises on every fit that say nothing about this fit.
 _NOISE = (r".*torch\.jit\.script.*is deprecated", r"By default `link_approx` is `probit`")
+# laplace-torch's marginal-likelihood search of the prior precision (optimize_prior_precision)
+MARGLIK_STEPS, MARGLIK_LR = 100, 0.1
 
 
 def last_layer_name(model: nn.Module) -> str:
@@ -91,9 +104,10 @@ def fit_last_layer(
             last_layer_name=name,
             prior_precision=float(prior) if fixed else 1.0,
         )
-        la.fit(loader)
+        with exact_hessian_sqrt():
+            la.fit(loader)
         if prior == "marglik":
-            la.optimize_prior_precision(method="marglik", prior_structure="scalar")
+            _optimize_prior_precision(la)
         deltas = la.posterior_precision.deltas.detach()
 
     def cpu(t: Tensor) -> Tensor:
@@ -116,6 +130,45 @@ def fit_last_layer(
         "prior_precision": cpu(la.prior_precision).double(),
         "n_data": int(la.n_data),
     }
+
+
+def cross_entropy_hessian_sqrt(output_one_datum: Tensor) -> Tensor:
+    """S with S S^T the Hessian of the cross-entropy at one output (1, C): curvlinops' formula
+    ``diag(sqrt p) - p sqrt(p)^T``, with the correctly rounded square root."""
+    p = output_one_datum.softmax(dim=1).squeeze()
+    p_sqrt = ieee.sqrt(p)
+    return torch.diag(p_sqrt) - torch.outer(p, p_sqrt)
+
+
+@contextmanager
+def exact_hessian_sqrt() -> Iterator[None]:
+    """While open, curvlinops' KFAC takes the cross-entropy Hessian's square root from
+    ``cross_entropy_hessian_sqrt``; other losses keep curvlinops' own."""
+    from curvlinops import kfac
+
+    original = kfac.loss_hessian_matrix_sqrt
+
+    def hessian_sqrt(output_one_datum: Tensor, target_one_datum: Tensor, loss_func: nn.Module):
+        if isinstance(loss_func, nn.CrossEntropyLoss):
+            return cross_entropy_hessian_sqrt(output_one_datum)
+        return original(output_one_datum, target_one_datum, loss_func)
+
+    kfac.loss_hessian_matrix_sqrt = hessian_sqrt
+    try:
+        yield
+    finally:
+        kfac.loss_hessian_matrix_sqrt = original
+
+
+def _optimize_prior_precision(la: Any) -> None:
+    """laplace-torch's scalar marginal-likelihood search, stepped by fused Adam."""
+    log_prior = torch.zeros(1, device=la.mean.device, requires_grad=True)
+    optimizer = torch.optim.Adam([log_prior], lr=MARGLIK_LR, fused=True)
+    for _ in range(MARGLIK_STEPS):
+        optimizer.zero_grad()
+        (-la.log_marginal_likelihood(prior_precision=log_prior.exp())).backward()
+        optimizer.step()
+    la.prior_precision = log_prior.detach().exp()
 
 
 def _fail(key: str, problem: str) -> ValueError:

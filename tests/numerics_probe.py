@@ -6,7 +6,8 @@ pins in ``bayesavg.runtime.numerics`` make the digests the same. What it runs is
 pipeline's own code on an mnist5k subset: LeNet-5 pretrained from its seed for 16
 SGD steps; from there 16 steps of the SWAG trajectory with a snapshot every 4, 16
 steps of mean-field VI (Adam) and the last-layer KFAC Laplace fit with its prior
-precision by marginal likelihood; one SWAG sample evaluated on 200 test images.
+precision by marginal likelihood; one SWAG sample and the Laplace's probit predictive
+evaluated on 200 test images.
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ def main(prepared_dir: str) -> None:
     pre = pretrain(params, prepared, cpu)
     swag = finetune(params, "swag", prepared, pre.posterior, cpu)
     vi = finetune(params, "vi", prepared, pre.posterior, cpu)
-    fit = finetune(params, "laplace", prepared, pre.posterior, cpu).posterior.laplace
+    laplace = finetune(params, "laplace", prepared, pre.posterior, cpu).posterior
+    fit = laplace.laplace
     assert fit is not None
     test = subset(full.test, TEST)
     x = to_input(test.x, full.manifest["mean"], full.manifest["std"])
     result = evaluate(swag.posterior, "swag", {"test": (x, test.y)}, n_samples=1, seed=0)["test"]
+    probit = evaluate(laplace, "laplace", {"test": (x, test.y)}, n_samples=1, seed=0)["test"]
     collected = [v for v in (swag.posterior.collector or {}).values() if torch.is_tensor(v)]
     out = {
         "pretrain": digest([pre.posterior.theta]),
@@ -103,6 +106,7 @@ def main(prepared_dir: str) -> None:
         ),
         "nll": result.metrics["nll"],
         "log_probs": digest([result.log_probs]),
+        "laplace_log_probs": digest([probit.log_probs]),
         "settings": numerics.describe(),
     }
     print(json.dumps(out, sort_keys=True))

@@ -9,6 +9,7 @@ the same. It is skipped only where ``qemu-x86_64`` is missing (Debian:
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -165,16 +166,34 @@ def _floats(n: int) -> torch.Tensor:
     return torch.cat([bits.view(torch.float32), edges])
 
 
-def test_ieee_sqrt_is_the_correctly_rounded_square_root() -> None:
-    x = _floats(1_000_000)
+def _doubles(n: int) -> torch.Tensor:
+    """The same for float64: random bits below infinity, and the edges."""
+    gen = torch.Generator().manual_seed(1)
+    bits = torch.randint(0, 0x7FF0000000000000, (n,), generator=gen, dtype=torch.int64)
+    edges = torch.tensor([0.0, 1.0, 2.0, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308])
+    return torch.cat([bits.view(torch.float64), edges.double()])
+
+
+@pytest.mark.parametrize("values", [_floats, _doubles], ids=["float32", "float64"])
+def test_ieee_sqrt_is_the_correctly_rounded_square_root(values) -> None:
+    x = values(1_000_000)
     exact = torch.from_numpy(np.sqrt(x.numpy()))  # numpy: the hardware instruction
     assert torch.equal(ieee.sqrt(x), exact)
-    assert ieee.sqrt(x).dtype == torch.float32
+    assert ieee.sqrt(x).dtype == x.dtype
+    strided = x[::3]
+    assert torch.equal(ieee.sqrt(strided), exact[::3])
+    assert torch.equal(ieee.sqrt(x[5]), exact[5])  # a 0-d tensor stays one
+
+
+def test_ieee_sqrt_of_a_float64_that_needs_a_gradient_is_refused() -> None:
+    with pytest.raises(ValueError, match="not differentiable"):
+        ieee.sqrt(torch.ones(3, dtype=torch.float64, requires_grad=True))
 
 
 def test_ieee_sqrt_of_other_dtypes_is_torchs() -> None:
-    x = _floats(1000).double()
-    assert torch.equal(ieee.sqrt(x), x.sqrt())
+    for dtype in (torch.float16, torch.bfloat16):
+        x = _floats(1000).clamp(max=60000).to(dtype)
+        assert torch.equal(ieee.sqrt(x), x.sqrt())
 
 
 def test_the_thread_count_not_the_cores_decides(mnist5k_prepared) -> None:
@@ -211,3 +230,42 @@ def test_without_the_pins_the_bytes_follow_the_cpu(mnist5k_prepared) -> None:
     if native["settings"]["cpu_capability"] == "AVX2":  # type: ignore[index]
         pytest.skip("this CPU has no AVX-512: native and pinned are the same path")
     assert _digests(_probe([], out))["pretrain"] != native["pretrain"]
+
+
+def _square_roots(tree: ast.AST) -> list[int]:
+    """Lines that take a tensor's square root other than through ieee, math or NumPy:
+    ``x.sqrt()``, ``torch.sqrt(x)``, ``x.sqrt_()``, ``x.pow(0.5)``, ``x ** 0.5``."""
+    exact = {"ieee", "math", "np", "numpy"}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            named = isinstance(owner, ast.Name) and owner.id in exact
+            if node.func.attr in ("sqrt", "sqrt_") and not named:
+                lines.append(node.lineno)
+            half = [a for a in node.args if isinstance(a, ast.Constant) and a.value == 0.5]
+            if node.func.attr in ("pow", "pow_", "float_power") and half:
+                lines.append(node.lineno)
+        power = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)
+        if power and isinstance(node.right, ast.Constant) and node.right.value == 0.5:
+            lines += [] if isinstance(node.left, ast.Constant) else [node.lineno]
+    return lines
+
+
+def test_no_square_root_bypasses_ieee() -> None:
+    """torch.sqrt's last bit follows the CPU: the code's square roots go through
+    ieee.sqrt (or math/NumPy on plain numbers), ieee.py itself aside."""
+    code = [*(ROOT / "src" / "bayesavg").rglob("*.py"), *(ROOT / "stages").glob("*.py")]
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted(code)
+        if path.name != "ieee.py"
+        and (lines := _square_roots(ast.parse(path.read_text(), filename=str(path))))
+    }
+    assert not found, f"take these square roots with bayesavg.training.ieee.sqrt: {found}"
+
+
+def test_the_square_root_reader_sees_each_form() -> None:
+    code = "a = x.sqrt()\nb = torch.sqrt(x)\nc = x.pow(0.5)\nd = x ** 0.5\ne = ieee.sqrt(x)\n"
+    code += "f = math.sqrt(2)\ng = np.sqrt(y)\nh = 2 ** 0.5\n"
+    assert _square_roots(ast.parse(code)) == [1, 2, 3, 4]

@@ -20,6 +20,7 @@ error and the test NLL.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -216,7 +217,7 @@ def principal_directions(
     _, s, vh = torch.linalg.svd(devs, full_matrices=False)
     count = min(count, vh.shape[0])
     signs = torch.sign(vh[:count].gather(1, vh[:count].abs().argmax(1, keepdim=True)))
-    return vh[:count] * signs, s[:count] / (k - 1) ** 0.5
+    return vh[:count] * signs, s[:count] / math.sqrt(k - 1)
 
 
 def flat_parameters(model: nn.Module) -> torch.Tensor:

@@ -343,7 +343,7 @@ class LastLayerLaplace:
         if self.bias:
             logits = logits + self._mean64[c * d :]
         if kind == "probit":
-            logits = logits / torch.sqrt(1 + math.pi / 8 * self.logit_variance(phi))
+            logits = logits / ieee.sqrt(1 + math.pi / 8 * self.logit_variance(phi))
         return torch.log_softmax(logits, dim=-1)
 
     def _features(self, features: Tensor) -> Tensor:

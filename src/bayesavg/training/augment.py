@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import ieee
+
 
 @dataclass(frozen=True)
 class Augment:
@@ -106,8 +108,8 @@ def _boxes(box: torch.Tensor, height: int, width: int) -> torch.Tensor:
     scale = SCALE[0] + (SCALE[1] - SCALE[0]) * box[..., 0]
     lo, hi = math.log(RATIO[0]), math.log(RATIO[1])
     ratio = torch.exp(lo + (hi - lo) * box[..., 1])
-    w = torch.round(torch.sqrt(area * scale * ratio))
-    h = torch.round(torch.sqrt(area * scale / ratio))
+    w = torch.round(ieee.sqrt(area * scale * ratio))
+    h = torch.round(ieee.sqrt(area * scale / ratio))
     fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
     first = torch.argmax(fits.int(), dim=1, keepdim=True)  # the first True (0 if none)
     w, h = w.gather(1, first).squeeze(1), h.gather(1, first).squeeze(1)

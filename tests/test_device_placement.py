@@ -53,6 +53,8 @@ HOST_FUNCTIONS = {
     "any device; callers move each one to the model's device",
     "landscape.principal_directions": "the SVD of a posterior file's deviations, which "
     "load on the CPU",
+    "ieee.sqrt": "NumPy's square root of a float64 tensor that is on the CPU already (other "
+    "devices take torch.sqrt)",
     "plane._axis": "axis values of the plane's grid: Python numbers for the caller",
     "predict.Predictor.__call__": "images from numpy, and placeholder labels; evaluate "
     "moves both to the device",

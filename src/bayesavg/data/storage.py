@@ -104,5 +104,4 @@ def channel_stats_streamed(x: torch.Tensor) -> tuple[list[float], list[float]]:
     mean = (counts.double() * values).sum(1) / n
     var = (counts.double() * (values - mean[:, None]) ** 2).sum(1) / (n - 1).clamp(min=1)
     # NumPy's root is the correctly rounded one; torch.sqrt's last bit follows the CPU
-    std = torch.from_numpy(np.sqrt(var.numpy()))
-    return mean.tolist(), std.clamp(min=1e-6).tolist()
+    return mean.tolist(), np.sqrt(var.numpy()).clip(min=1e-6).tolist()

@@ -112,6 +112,58 @@ def test_the_example_factory_builds_with_its_options(monkeypatch: pytest.MonkeyP
     assert head_name(net, 4) == "10"
 
 
+@pytest.mark.parametrize(
+    ("builder", "size", "aux"), [("googlenet", 64, "aux1"), ("inception_v3", 96, "AuxLogits")]
+)
+def test_auxiliary_classifiers_are_left_out(
+    tmp_path: Path, builder: str, size: int, aux: str
+) -> None:
+    """GoogLeNet and Inception v3 train on their main logits: built without their auxiliary
+    classifiers (whose namedtuple output no loss takes), and ImageNet-style weights that
+    carry them load all the rest, as torchvision's own builders do."""
+    import torchvision
+
+    model = build_model(f"torchvision:{builder}", (3, size, size), 3).train()
+    logits = model(torch.randn(2, 3, size, size))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 3)
+    assert getattr(model, aux) is None
+    full = torchvision.models.get_model(builder, weights=None, aux_logits=True, init_weights=True)
+    state = full.state_dict()
+    assert any(k.startswith(f"{aux}.") for k in state)
+    load_into(model, state, head_name(model, 3), tmp_path / "w.pt")
+    for name, value in model.state_dict().items():
+        if name in state and value.shape == state[name].shape and not name.startswith("fc."):
+            assert torch.equal(value, state[name]), name
+    with pytest.raises(UserError, match=r"^model.options.aux_logits: .*auxiliary classifiers"):
+        build_model(f"torchvision:{builder}", (3, size, size), 3, {"aux_logits": True})
+
+
+def test_ported_weights_get_the_input_transform_torchvision_gives_them(
+    raw: dict[str, Any],
+) -> None:
+    """GoogLeNet's and Inception v3's ImageNet weights expect inputs in [-1, 1]: with them,
+    torchvision builds the network with transform_input=True, and so does the pipeline."""
+
+    def kwargs(**model: Any) -> dict[str, Any]:
+        raw_ = _model(raw, **model)
+        raw_["pretrain"]["kind"] = "weights"
+        return parse_params(raw_).model.kwargs()
+
+    named = kwargs(name="torchvision:googlenet", weights="GoogLeNet_Weights.IMAGENET1K_V1")
+    assert named == {"transform_input": True}
+    assert kwargs(name="torchvision:inception_v3", weights="Inception_V3_Weights.DEFAULT") == {
+        "transform_input": True
+    }
+    assert kwargs(name="torchvision:googlenet", weights="weights/googlenet.pt") == {}
+    assert kwargs(name="torchvision:resnet18", weights="ResNet18_Weights.DEFAULT") == {}
+    own = kwargs(
+        name="torchvision:googlenet",
+        weights="GoogLeNet_Weights.DEFAULT",
+        options={"transform_input": False},
+    )
+    assert own == {"transform_input": False}
+
+
 def _imagenet_resnet18(path: Path) -> dict[str, torch.Tensor]:
     """A 1000-class resnet18's random weights saved as a local weights file."""
     torch.manual_seed(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -62,6 +63,12 @@ DropoutRate = Annotated[float, Field(ge=0, lt=1)]
 
 
 BUILT_IN = ("mlp", "lenet5", "vgg16", "vgg16_bn", "preresnet20", "preresnet", "wideresnet28x10")
+# torchvision builders whose ImageNet weights (ported from TensorFlow) expect inputs in
+# [-1, 1]: with those weights torchvision builds them with ``transform_input=True``, which
+# maps the weights' own normalisation onto that range. So does ``kwargs`` here, for a
+# weights name (``GoogLeNet_Weights.IMAGENET1K_V1``); a local file's origin is unknown.
+TRANSFORM_INPUT = ("torchvision:googlenet", "torchvision:inception_v3")
+_WEIGHTS_NAME = re.compile(r"\w+_Weights\.\w+")
 _FACTORY = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 
 
@@ -150,6 +157,8 @@ class ModelParams(_Section):
         """Constructor arguments beyond shape and classes, per model."""
         if self.external:
             out: dict[str, Any] = dict(self.options)
+            if self.name in TRANSFORM_INPUT and _WEIGHTS_NAME.fullmatch(self.weights or ""):
+                out.setdefault("transform_input", True)
         else:
             out = {"hidden": list(self.hidden)} if self.name == "mlp" else {}
         if self.batch_norm:

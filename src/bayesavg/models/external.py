@@ -23,6 +23,12 @@ from .pooling import deterministic_pooling
 
 TORCHVISION = "torchvision:"
 FACTORY = "factory:"
+# Builders whose training-mode forward also returns auxiliary classifiers' logits (a
+# namedtuple the loss cannot take): built without them, as torchvision builds them by
+# default when it loads weights; the pipeline trains, averages and samples the main
+# classifier. ``init_weights`` named: torchvision's own initialisation, without its
+# FutureWarning about the default.
+AUXILIARY = {"googlenet", "inception_v3"}
 
 
 def is_external(name: str) -> bool:
@@ -53,6 +59,13 @@ def torchvision_model(
             f"model.name: torchvision:{builder} takes RGB images (3 channels); the data has "
             f"{in_shape[0]}"
         )
+    if builder in AUXILIARY:
+        if options.get("aux_logits"):
+            raise UserError(
+                f"model.options.aux_logits: torchvision:{builder}'s auxiliary classifiers are "
+                "not trained here (the posterior is over the main classifier); remove it"
+            )
+        options = {"aux_logits": False, "init_weights": True, **options}
     import torchvision.models
 
     return _construct(

@@ -81,11 +81,17 @@ def load_into(
     model: nn.Module, state: dict[str, torch.Tensor], head: str | None, path: Path
 ) -> None:
     """Copy ``state`` into ``model``, all but the head's entries (``head`` is a module
-    name; its weights stay as initialised); every other entry must match in name and
-    shape."""
+    name; its weights stay as initialised) and those of a branch the network was built
+    without (an attribute set to None: torchvision's auxiliary classifiers, which its own
+    builder drops the same way); every other entry must match in name and shape."""
     skip = f"{head}." if head else None
     own = {k: v for k, v in model.state_dict().items() if skip is None or not k.startswith(skip)}
-    given = {k: v for k, v in state.items() if skip is None or not k.startswith(skip)}
+    given = {
+        k: v
+        for k, v in state.items()
+        if (skip is None or not k.startswith(skip))
+        and getattr(model, k.partition(".")[0], ...) is not None
+    }
     missing = sorted(set(own) - set(given))
     extra = sorted(set(given) - set(own))
     wrong = sorted(k for k in set(own) & set(given) if own[k].shape != given[k].shape)

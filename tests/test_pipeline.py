@@ -393,6 +393,29 @@ def test_stages_import_and_read_only_declared_deps(repo: Path, traces: Path) -> 
         assert not undeclared, f"{stage} used files dvc.yaml does not declare: {undeclared}"
 
 
+@SLOW
+def test_stages_call_nothing_a_deterministic_cuda_run_refuses(repo: Path, traces: Path) -> None:
+    """Every stage process (torchrun's ranks too), recorded from its import of torch on:
+    no call of an operator CUDA refuses under deterministic algorithms
+    (tests/cuda_determinism.py), so none stops a GPU run that passed here."""
+    records = [
+        record
+        for file in traces.glob("*.json")
+        if (record := json.loads(file.read_text()))["argv"][:1]
+        and record["argv"][0].startswith("stages/")
+    ]
+    assert {" ".join(r["argv"]) for r in records} >= {
+        "stages/finetune.py laplace",
+        "stages/evaluate.py laplace",
+        "stages/landscape.py",
+        "stages/dswag_sweep.py",
+    }
+    with_torch = [r for r in records if any(m.endswith("/torch/__init__.py") for m in r["modules"])]
+    assert len(with_torch) > len(STAGES) / 2 and all("cuda_refused" in r for r in with_torch)
+    refused = {" ".join(r["argv"]): r["cuda_refused"] for r in records if r.get("cuda_refused")}
+    assert refused == {}
+
+
 def _stage_runs(runs: list[Any]) -> list[Any]:
     return [r for r in runs if "dvc_stage" in r.data.tags]
 

@@ -5,7 +5,9 @@ path that has one; the end-to-end test puts this folder on PYTHONPATH and
 sets BAYESAVG_TRACE_DIR, and every Python process of the run (DVC's own
 too) then writes ``<pid>.json`` there at exit: its argv, working directory,
 the files it opened for reading and the files of its imported modules
-(also when it leaves through ``os._exit``, as stages do). Without
+(also when it leaves through ``os._exit``, as stages do), and the calls
+it made that a deterministic CUDA run refuses (``tests/cuda_determinism.py``:
+its recorder is switched on as soon as the process imports torch). Without
 BAYESAVG_TRACE_DIR this does nothing.
 """
 
@@ -43,9 +45,49 @@ if _TRACE_DIR:
             "read": sorted(_read),
             "modules": sorted(modules),
         }
+        if _refused:  # the process imported torch
+            record["cuda_refused"] = sorted(set(map(tuple, _refused[0].calls)))
         with open(os.path.join(_TRACE_DIR, f"{os.getpid()}.json"), "w") as f:
             json.dump(record, f)
 
+    _refused: list = []
+
+    class _AfterTorch:
+        """A meta-path finder that lets torch import as usual, then switches the
+        recorder on (it needs torch, which a stage imports after start-up)."""
+
+        def find_spec(self, name, path, target=None):
+            if name != "torch" or _refused:  # (a stage looks torch up before importing it)
+                return None
+            import importlib.machinery
+
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def run(module):
+                    exec_module(module)
+                    if not _refused:
+                        _record_refused()
+
+                spec.loader.exec_module = run
+            return spec
+
+    def _record_refused() -> None:
+        import importlib.util
+
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location(
+            "_cuda_determinism", os.path.join(tests, "cuda_determinism.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        roots = (os.path.join(os.path.dirname(tests), "src"), os.path.join(os.getcwd(), "stages"))
+        recorder = module.Recorder(roots)
+        recorder.__enter__()  # for the rest of the process
+        _refused.append(recorder)
+
+    sys.meta_path.insert(0, _AfterTorch())
     sys.addaudithook(_audit)
     atexit.register(_dump)
     _exit = os._exit

@@ -5,14 +5,9 @@ runs the file when the model is saved."""
 
 from __future__ import annotations
 
-import warnings
-
 import mlflow.pyfunc
+import numpy as np
 from mlflow.models import set_model
-
-# The model's types are its logged signature (uint8 image tensors in, named tensors out);
-# MLflow's type-hint inference cannot express them, and says so on every load.
-warnings.filterwarnings("ignore", message=r".*type hints to the `predict` method")
 
 
 class PosteriorModel(mlflow.pyfunc.PythonModel):
@@ -35,7 +30,10 @@ class PosteriorModel(mlflow.pyfunc.PythonModel):
             images = torch.load(bn, weights_only=True)
         self._predict = Predictor(path, PredictorConfig.from_mapping(config), images)
 
-    def predict(self, context, model_input, params=None):
+    def predict(self, context, model_input: np.ndarray, params=None):
+        """The input as the logged signature gives it (a uint8 tensor: an array). The
+        hint is one MLflow infers no schema from (the signature is the schema) and, unlike
+        none, it does not warn on every load."""
         return self._predict(model_input)
 
 

@@ -349,6 +349,11 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     uri, artifacts = sys.argv[1:3]
     spool_dir = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    # Before mlflow is imported: its INFO lines ("Validating input example ...") and
+    # download progress bars, one set per logged model, would fill the stage's output;
+    # warnings and errors still show. Either variable set by the user is kept.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # Answers go over a private copy of stdout; anything mlflow or its
     # libraries print goes to stderr, so it cannot corrupt the answers.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")

@@ -123,6 +123,16 @@ def _protocol(found: dict[str, Any]) -> str:
     )
 
 
+def _networks(found: dict[str, Any]) -> str:
+    part = found.get("networks")
+    if part is None:
+        return "not run yet"
+    nets = part.get("networks") or part.get("partial", {}).get("networks", {})
+    failed = sorted(n for n, r in nets.items() if "error" in r)
+    cell = f"{len(nets) - len(failed)} of {len(nets)} ran"
+    return cell + (f"; **failed**: {', '.join(failed)}" if failed else "")
+
+
 def _peaks(found: dict[str, Any]) -> str:
     peaks = found["peak_memory_mib"]
     cells = []
@@ -143,6 +153,12 @@ ROWS = (
         "bf16 vs fp32 test metrics",
         "within 12 CPU seeds' spread",
         lambda f: _agreement(f["bf16_vs_fp32"]),
+    ),
+    (
+        "built-in networks and a torchvision classifier per family, a training step each "
+        "with deterministic algorithms",
+        "all 27",
+        _networks,
     ),
     (
         "two CUDA runs, weights' bytes",

@@ -14,62 +14,37 @@ end-to-end run (tests/test_pipeline.py).
 
 from __future__ import annotations
 
-import warnings
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from cuda_determinism import REFUSED, Recorder, documented_entries
 from torch import nn
 
-from bayesavg.models import build_model
 from bayesavg.models.external import torchvision_builders
 
-BUILT_IN = [
-    ("mlp", (1, 28, 28), {"hidden": [16], "batch_norm": True}),
-    ("lenet5", (1, 28, 28), {}),
-    ("vgg16_bn", (3, 32, 32), {}),
-    ("preresnet20", (3, 32, 32), {}),
-    ("preresnet", (3, 32, 32), {"depth": 56}),
-    ("wideresnet28x10", (3, 32, 32), {}),
-]
-# One builder per family of torchvision.models' classifiers (the slow test takes all).
-FAMILIES = [
-    "alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "efficientnet_v2_s",
-    "googlenet", "inception_v3", "maxvit_t", "mnasnet0_5", "mobilenet_v2",
-    "mobilenet_v3_small", "regnet_y_400mf", "resnet18", "resnext50_32x4d",
-    "shufflenet_v2_x0_5", "squeezenet1_1", "swin_t", "swin_v2_t", "vgg11_bn", "vit_b_16",
-    "wide_resnet50_2",
-]  # fmt: skip
-# Where a builder's sizes are fixed (ViT's patch grid, MaxViT's windows) or its network
-# cannot be built on the meta device (RegNet computes its widths from tensors' values).
-SIZE = {"vit": 224, "maxvit": 224, "swin": 224, "inception": 96}
-ON_CPU = ("regnet",)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+# The networks, shared with gpu-check's ``networks`` part (the same steps on a GPU).
+from gpu_check_networks import (
+    BUILT_IN,
+    FAMILIES,
+    build,
+    device_for,
+    step,
+    torchvision_shape,
+)
 
 
-def _step(model: nn.Module, x: torch.Tensor, classes: int) -> list[tuple[str, str]]:
-    """What a training step and a prediction call that CUDA refuses, with the output checks
-    the training loop relies on: one tensor of ``classes`` logits per image."""
-    y = torch.arange(len(x), device=x.device) % classes
+def _recorded(name: str, shape: tuple[int, int, int], kwargs: dict) -> list[tuple[str, str]]:
+    """The refused calls of gpu-check's step (a training step and a prediction, with its
+    output checks) on ``name``, built on the meta device where it can be."""
+    with torch.device(device_for(name, torch.device("cpu"), quick=True)):
+        model = build(name, shape, kwargs)
+        x = torch.randn(2, *shape)
     with Recorder() as recorder:
-        model.train()
-        logits = model(x)
-        assert isinstance(logits, torch.Tensor), type(logits).__name__
-        assert logits.shape == (len(x), classes)
-        nn.functional.cross_entropy(logits, y).backward()
-        model.eval()
-        with torch.no_grad():
-            model(x)
+        step(model, x)
     return recorder.calls
-
-
-def _torchvision_step(builder: str) -> list[tuple[str, str]]:
-    size = next((s for prefix, s in SIZE.items() if builder.startswith(prefix)), 64)
-    device = "cpu" if builder.startswith(ON_CPU) else "meta"
-    with warnings.catch_warnings(), torch.device(device):
-        warnings.simplefilter("ignore")  # torchvision's notes on initialisation defaults
-        model = build_model(f"torchvision:{builder}", (3, size, size), 5)
-        x = torch.randn(2, 3, size, size)
-    return _step(model, x, 5)
 
 
 def test_every_refused_operation_of_torch_is_mapped() -> None:
@@ -123,19 +98,20 @@ def test_the_recorder_finds_each_kind_of_refused_call() -> None:
 
 @pytest.mark.parametrize(("name", "shape", "kwargs"), BUILT_IN, ids=[b[0] for b in BUILT_IN])
 def test_built_in_networks_train_without_refused_operators(name: str, shape, kwargs) -> None:
-    with torch.device("meta"):
-        model = build_model(name, shape, 10, kwargs)
-        x = torch.randn(4, *shape)
-    assert _step(model, x, 10) == []
+    assert _recorded(name, shape, kwargs) == []
 
 
 @pytest.mark.parametrize("builder", FAMILIES)
 def test_torchvision_families_train_without_refused_operators(builder: str) -> None:
     assert builder in torchvision_builders()
-    assert _torchvision_step(builder) == []
+    assert _recorded(f"torchvision:{builder}", torchvision_shape(builder), {}) == []
 
 
 @pytest.mark.slow  # every classifier torchvision has (about 80): a minute on 2 cores
 def test_every_torchvision_classifier_trains_without_refused_operators() -> None:
-    failed = {b: calls for b in torchvision_builders() if (calls := _torchvision_step(b))}
+    failed = {
+        b: calls
+        for b in torchvision_builders()
+        if (calls := _recorded(f"torchvision:{b}", torchvision_shape(b), {}))
+    }
     assert failed == {}

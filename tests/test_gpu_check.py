@@ -409,7 +409,8 @@ def test_the_pipeline_part_runs_the_real_pipeline_and_goes_on_in_a_kept_repo(
 def test_every_real_part_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
     """All parts, --device cpu --quick (about 60 s on 2 cores): every key is there."""
     proc, lines, saved = gpu_check(tmp_path / "all.json", "--device", "cpu", "--quick", timeout=400)
-    names = ["environment", "bf16_vs_fp32", "determinism", "cpu_vs_cuda", "evaluation"]
+    names = ["environment", "networks", "bf16_vs_fp32", "determinism", "cpu_vs_cuda"]
+    names += ["evaluation"]
     names += ["throughput.preresnet20", "throughput.wideresnet28x10"]
     assert [next(iter(line)) for line in lines] == names
     for name in names:
@@ -419,6 +420,8 @@ def test_every_real_part_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
         assert isinstance(skipped, dict) and set(skipped) <= {"reference_swag_code"}, skipped
     # exit 1 where a part is incomplete: here, the reference code not installed
     assert proc.returncode == (0 if saved["environment"]["swag_importable"] else 1), proc.stderr
+    assert all(r["ok"] for r in saved["networks"]["networks"].values())
+    assert len(saved["networks"]["networks"]) == 27
     det = saved["determinism"]
     assert det["bitwise_equal"] is True
     assert det["mnist5k_lenet5_fp32"]["other_process"]["bitwise_equal"] is True

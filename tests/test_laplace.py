@@ -301,3 +301,37 @@ def test_the_exact_root_is_used_inside_the_fit_only() -> None:
     with pytest.raises(RuntimeError, match="inside"), lap.exact_hessian_sqrt():
         raise RuntimeError("inside")
     assert kfac.loss_hessian_matrix_sqrt is original
+
+
+@pytest.mark.parametrize(
+    ("network", "message"),
+    [
+        (
+            "torchvision:squeezenet1_1",
+            r"^finetune\.laplace: a last-layer Laplace treats the last nn\.Linear, which must "
+            r"be the head \(the 5 logits\); torchvision:squeezenet1_1's head is "
+            r"'classifier\.1', a Conv2d, and no nn\.Linear: choose another network or method$",
+        ),
+        ("torchvision:resnet18", None),
+        ("lenet5", None),
+    ],
+)
+def test_a_laplace_needs_a_linear_head(network: str, message: str | None) -> None:
+    """SqueezeNet's head is a 1x1 convolution: one line before any fitting, not a
+    traceback from laplace-torch or a Laplace over another layer."""
+    from bayesavg.models import build_model
+    from bayesavg.runtime.errors import UserError
+    from bayesavg.trajectories.laplace_fit import check_last_layer
+
+    shape = (1, 28, 28) if network == "lenet5" else (3, 64, 64)
+    with torch.device("meta"):
+        model = build_model(network, shape, 5)
+    start = type("Start", (), {"num_classes": 5, "model_name": network})()
+    if message is None:
+        check_last_layer(model, start, "laplace")
+    else:
+        with pytest.raises(UserError, match=message):
+            check_last_layer(model, start, "laplace")
+    sequential = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    with pytest.raises(UserError, match=r"head is '0', a Linear, its last nn\.Linear '2'"):
+        check_last_layer(sequential, start, "laplace")

@@ -9,13 +9,38 @@ tensors, so predicting never needs the library.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ..config import LaplaceTrajectory, Params
 from ..data.prepared import Prepared
+from ..models import head_name
 from ..posteriors.file import PosteriorFile
-from ..posteriors.last_layer_laplace import fit_last_layer
+from ..posteriors.last_layer_laplace import fit_last_layer, last_layer_name
+from ..runtime.errors import UserError
 from ..seeding import derive_seed, seed_everything
 from .common import RunResult, posterior_fields, start_model, trajectory_kwargs
+
+
+def check_last_layer(model: nn.Module, start: PosteriorFile, name: str) -> None:
+    """The layer a last-layer Laplace treats (the last ``nn.Linear``) must be the head
+    whose outputs are the logits, else its predictive would be another network's."""
+    head = head_name(model, start.num_classes)
+    try:
+        layer = last_layer_name(model)
+    except ValueError:
+        layer = None
+    if layer is None or layer != head:
+        net = start.model_name
+        if head is None:
+            found = f"{net} has no layer with {start.num_classes} outputs"
+        else:
+            found = f"{net}'s head is {head!r}, a {type(model.get_submodule(head)).__name__}"
+        found += ", and no nn.Linear" if layer is None else f", its last nn.Linear {layer!r}"
+        raise UserError(
+            f"finetune.{name}: a last-layer Laplace treats the last nn.Linear, which must be "
+            f"the head (the {start.num_classes} logits); {found}: choose another network "
+            "or method"
+        )
 
 
 def fit_laplace(
@@ -29,6 +54,7 @@ def fit_laplace(
     seed_everything(derive_seed(params.seed, "finetune", name), device)
     kwargs = trajectory_kwargs(start, None)
     model = start_model(start, kwargs, device).eval()
+    check_last_layer(model, start, name)
     x = prepared.train.x
     batches = [
         (

@@ -151,6 +151,10 @@ def tiny(raw: dict[str, Any], images: Path, ood: Path) -> dict[str, Any]:
             traj["collect"]["start_epoch"] = 0
     e = raw["evaluate"]
     e.update(n_samples=2, batch_size=64)
+    for group in e["predictors"].values():  # a predictor's own count (multiswag: 3 x 10)
+        for predictor in group.values():
+            if "n_samples" in predictor:
+                predictor["n_samples"] = 2
     e["sharpness"].update(n_points=20, probes=1)
     e["plane"].update(grid=3, n_points=20)
     e["shift"]["n_points"] = 10

@@ -74,10 +74,10 @@ def step(model: nn.Module, x: torch.Tensor) -> None:
         model(x)
 
 
-def device_for(name: str, device: torch.device, quick: bool) -> torch.device:
-    """``--quick`` (a smoke run of this part on the CPU): shapes only, on the meta device,
-    where the network can be built there."""
-    if not quick or name.startswith(NOT_ON_META):
+def device_for(name: str, device: torch.device, shapes_only: bool) -> torch.device:
+    """``shapes_only`` (``--quick``, a smoke run of this part on the CPU, and the CPU
+    recorder's test): the meta device, where the network can be built there."""
+    if not shapes_only or name.startswith(NOT_ON_META):
         return device
     return torch.device("meta")
 
@@ -101,8 +101,10 @@ def networks(ctx: Context) -> dict[str, Any]:
             found[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
         del model  # its memory back before the next network
         ctx.report({"networks": found})
-    out: dict[str, Any] = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
-    out["networks"] = found
+    out: dict[str, Any] = {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "networks": found,
+    }
     failed = sorted(n for n, r in found.items() if "error" in r)
     if failed:
         out["error"] = f"{len(failed)} of {len(found)} networks failed: {', '.join(failed)}"

@@ -39,7 +39,7 @@ from gpu_check_networks import (
 def _recorded(name: str, shape: tuple[int, int, int], kwargs: dict) -> list[tuple[str, str]]:
     """The refused calls of gpu-check's step (a training step and a prediction, with its
     output checks) on ``name``, built on the meta device where it can be."""
-    with torch.device(device_for(name, torch.device("cpu"), quick=True)):
+    with torch.device(device_for(name, torch.device("cpu"), shapes_only=True)):
         model = build(name, shape, kwargs)
         x = torch.randn(2, *shape)
     with Recorder() as recorder:

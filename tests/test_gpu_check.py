@@ -410,8 +410,7 @@ def test_every_real_part_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
     """All parts, --device cpu --quick (about 60 s on 2 cores): every key is there."""
     proc, lines, saved = gpu_check(tmp_path / "all.json", "--device", "cpu", "--quick", timeout=400)
     names = ["environment", "networks", "bf16_vs_fp32", "determinism", "cpu_vs_cuda"]
-    names += ["evaluation"]
-    names += ["throughput.preresnet20", "throughput.wideresnet28x10"]
+    names += ["evaluation", "throughput.preresnet20", "throughput.wideresnet28x10"]
     assert [next(iter(line)) for line in lines] == names
     for name in names:
         skipped = saved[name].get("skipped", {})

@@ -12,14 +12,19 @@
     compute, finish (waiting for the tracking worker); the rest of a stage's
     wall time is DVC's own (hashing, caching, rewriting dvc.lock) and the
     interpreter's launch.
+(c) Then, in the same workspace, the same forced run through ``scripts/repro.py
+    --jobs N`` (what ``make run`` does: stages side by side, each through DVC),
+    and its time as a ratio to (b)'s. (b)'s ledger orders its stages, as a
+    previous run's does for a user.
 
-Run ``python benchmarks/pipeline.py [--rounds N] [--skip-repro]``; results go
-to ``benchmarks/pipeline.json``. See ``benchmarks/README.md``.
+Run ``python benchmarks/pipeline.py [--rounds N] [--skip-repro] [--jobs N]``; results
+go to ``benchmarks/pipeline.json``. See ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -153,10 +158,30 @@ def forced_repro(root: Path) -> dict[str, Any]:
     }
 
 
+def forced_side_by_side(root: Path, jobs: int, sequential: float) -> dict[str, Any]:
+    """(c): ``scripts/repro.py --force --jobs N``, its total and ratio to (b)'s."""
+    cmd = [str(BIN / "python"), str(ROOT / "scripts" / "repro.py"), "--force", "--jobs"]
+    with Stopwatch() as watch:
+        proc = subprocess.run([*cmd, str(jobs)], cwd=root, env=env(), capture_output=True)
+    if proc.returncode != 0:
+        raise SystemExit("scripts/repro.py --force failed in the benchmark workspace")
+    per_run: dict[str, float] = {}
+    for path in (root / "runs").glob("*.json"):
+        for key, value in json.loads(path.read_text()).get("seconds", {}).items():
+            per_run[key] = per_run.get(key, 0.0) + value
+    return {
+        "jobs": jobs,
+        "total_seconds": round(watch.seconds, 1),
+        "ratio_to_dvc_repro": round(watch.seconds / sequential, 3),
+        "seconds": {k: round(v, 1) for k, v in sorted(per_run.items())},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8, help="rounds for the fixed cost")
     parser.add_argument("--skip-repro", action="store_true", help="only the fixed cost")
+    parser.add_argument("--jobs", type=int, default=2, help="stages at once for (c)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bayesavg-bench-") as tmp:
@@ -165,6 +190,8 @@ def main() -> None:
         results["fixed_cost"] = fixed_cost(root, args.rounds)
         if not args.skip_repro:
             results["forced_repro"] = forced_repro(root)
+            sequential = results["forced_repro"]["total_seconds"]
+            results["forced_side_by_side"] = forced_side_by_side(root, args.jobs, sequential)
         results["load_average_end"] = load_average()
     write_results(args.out, results)
     print("(a) fixed cost of one stage, whole process, median [range]:")
@@ -179,6 +206,12 @@ def main() -> None:
             f"  compute {s['compute']:.0f} s; start-up {s['startup']:.0f} s, tracking finish "
             f"{s['finish']:.0f} s, DVC and launch {s['dvc_and_launch']:.0f} s "
             f"(fixed cost {f['fixed_per_stage_seconds']:.2f} s per stage)"
+        )
+    if "forced_side_by_side" in results:
+        c = results["forced_side_by_side"]
+        print(
+            f"(c) scripts/repro.py --force --jobs {c['jobs']}: {c['total_seconds']:.0f} s, "
+            f"{c['ratio_to_dvc_repro']:.2f}x (b)'s time"
         )
     print(f"wrote {args.out}")
 

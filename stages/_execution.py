@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+EXECUTION_ENV = "BAYESAVG_EXECUTION"
+
 
 def _dvc_args(cmdline: list[str]) -> list[str] | None:
     """The arguments of ``dvc ...``, ``python .../bin/dvc ...`` or ``python -m dvc ...``;
@@ -26,11 +28,19 @@ def execution() -> dict[str, str] | None:
     (``dvc repro``, ``dvc exp run``, a queue worker's ``dvc exp exec-run``), which all
     stages of one execution share and no other execution does. Its key is that
     process's host, pid, start time and DVC experiment name; its name is the DVC
-    experiment's, else ``dvc repro <start>``. None when no DVC process started us."""
+    experiment's, else ``dvc repro <start>``. None when no DVC process started us.
+
+    ``scripts/repro.py`` runs each stage through a ``dvc repro`` of its own, several
+    at once; it names the one execution they form in ``BAYESAVG_EXECUTION`` (these
+    same fields, as JSON), which comes first."""
+    import json
     import socket
 
     import psutil
 
+    named = os.environ.get(EXECUTION_ENV)
+    if named:
+        return {str(k): str(v) for k, v in json.loads(named).items()}
     for proc in psutil.Process().parents():
         try:
             args = _dvc_args(proc.cmdline())

@@ -71,9 +71,10 @@ def test_native_mode_leaves_the_instruction_set_alone() -> None:
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, 2),  # one process: the default
-        ({"WORLD_SIZE": "2"}, 1),  # a rank of 2: the two together run 2 threads
-        ({"WORLD_SIZE": "3"}, 1),  # never under 1
+        ({}, 1),  # one process: the default
+        ({"WORLD_SIZE": "2"}, 1),  # a rank of 2: never under 1
+        ({"BAYESAVG_THREADS": "4", "WORLD_SIZE": "1"}, 4),  # asked for: kept
+        ({"WORLD_SIZE": "3"}, 1),
         ({"WORLD_SIZE": "2", "BAYESAVG_THREADS": "3"}, 3),  # asked for: kept
     ],
 )

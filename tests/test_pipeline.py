@@ -194,10 +194,11 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory, traces: Path) -> Path:
-    """The tiny pipeline, reproduced once with every Python process traced."""
+    """The tiny pipeline, reproduced once as `make run` does (scripts/repro.py, two
+    stages at a time) with every Python process traced."""
     repo = make_repo(tmp_path_factory.mktemp("pipeline"), tiny_params())
     traced = env(PYTHONPATH=str(ROOT / "tests" / "trace"), BAYESAVG_TRACE_DIR=str(traces))
-    sh(repo, str(BIN / "dvc"), "repro", environ=traced)
+    sh(repo, str(BIN / "python"), str(ROOT / "scripts/repro.py"), "--jobs", "2", environ=traced)
     return repo
 
 
@@ -707,3 +708,22 @@ def test_seeds(repo: Path) -> None:
         assert by_name[f"{step}_seed@1"].data.tags["seed"] == "1"
         assert by_name[f"{step}_seed@1"].data.params["seed"] == "1"
     assert by_name["evaluate@swag"].data.tags["seed"] == "0"
+
+
+@SLOW
+def test_stages_one_at_a_time_give_the_bytes_of_stages_side_by_side(repo: Path) -> None:
+    """A plain `dvc repro -f` of stages the fixture ran beside others rewrites their
+    outputs with the same bytes: dvc.lock's output hashes do not move. Last: the
+    reruns are the newest runs of their stages, which earlier tests look up."""
+
+    def outs() -> dict[str, Any]:
+        lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+        return {name: lock[name]["outs"] for name in chosen}
+
+    chosen = ("pretrain", "finetune@swag", "finetune@ensemble", "evaluate@swag")
+    before = outs()
+    for name in chosen:
+        ran = sh(repo, str(BIN / "dvc"), "repro", "--single-item", "-f", name).stdout
+        assert f"Running stage '{name}'" in ran
+    assert outs() == before
+    assert json.loads(sh(repo, str(BIN / "dvc"), "status", "--json").stdout) == {}

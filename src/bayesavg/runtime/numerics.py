@@ -12,11 +12,10 @@ before that, and every entry point (each stage's ``_bootstrap``, the
 the environment, so every rank runs with the same settings.
 
 ``BAYESAVG_THREADS`` is the intra-op thread count of every stage and rank.
-Unset, it is ``DEFAULT_THREADS`` shared among the ranks of a torchrun job
-(``WORLD_SIZE``): one process gets 2 threads, each of 2 or more ranks gets 1,
-so N ranks never run more threads than one process would. It depends on N,
-never on the machine's cores, so the bytes stay the same on every machine at a
-given (N, threads). ``BAYESAVG_NUMERICS=native`` leaves the
+Unset, it is ``DEFAULT_THREADS`` (1) shared among the ranks of a torchrun job
+(``WORLD_SIZE``, at least 1 each), so N ranks never run more threads than one
+process would. It never depends on the machine's cores, so the bytes stay the
+same on every machine at a given (N, threads). ``BAYESAVG_NUMERICS=native`` leaves the
 instruction set to the libraries (faster on AVX-512 machines, bytes tied to
 the CPU); the default, ``portable``, pins AVX2 where the CPU has it. This
 module does not import torch.
@@ -35,10 +34,11 @@ from .errors import UserError
 THREADS_ENV = "BAYESAVG_THREADS"
 MODE_ENV = "BAYESAVG_NUMERICS"
 MODES = ("portable", "native")
-# Measured on a 2-core machine (README, "The same bytes on another machine"): with 2
-# threads a stage takes 0.69-0.74x the time it takes with 1. A fixed count, not the
-# core count, so a machine with any number of cores computes the same bytes.
-DEFAULT_THREADS = 2
+# A fixed count, not the core count, so a machine with any number of cores computes the
+# same bytes. One, not more: a second thread buys a stage only 1/1.2 of its time on this
+# project's small networks (README, "The same bytes on another machine"), while a second
+# stage beside it (scripts/repro.py, `make run`) doubles the work done per second.
+DEFAULT_THREADS = 1
 # The variables ATen, oneDNN and MKL read at start-up: AVX2 kernels everywhere, and
 # MKL's conditional numerical reproducibility for its BLAS. (MKL's vector math ignores
 # it on this project's AMD CPU: hence ``bayesavg.training.ieee``.)

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .serialized import serialized
+
 OUTPUT_TAG = "bayesavg.output."
 # A pipeline execution's parent run: found by this tag's value (the execution's key);
 # PIPELINE_TAG holds, as JSON, the stages that ran in it and those it reused.
@@ -236,15 +238,22 @@ class Run:
         None: as recorded before), and end it: FINISHED only while every stage of the
         execution has finished, else the first other status a stage ended with.
 
-        Stages of one execution run one after another, so this read-modify-write of
-        the parent's summary is never concurrent; each stage rewrites it whole, and
-        the last one leaves it complete.
+        Stages of one execution may run side by side (``scripts/repro.py``): this
+        read-modify-write of the parent's summary holds the parent's lock, so each
+        stage rewrites it whole from the last one's, and the last leaves it complete.
         """
-        import json
-
         parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
         if parent is None:
             return
+        with serialized(self.tracking_uri or "", parent):
+            self._record(parent, stage, reused, status)
+
+    def _record(
+        self, parent: str, stage: str, reused: Mapping[str, str] | None, status: str
+    ) -> None:
+        """``record_in_parent``'s read-modify-write, under the parent's lock."""
+        import json
+
         found = json.loads(self._client.get_run(parent).data.tags.get(PIPELINE_TAG, "{}"))
         ran = {**found.get("ran", {}), stage: self.run_id}
         if reused is None:

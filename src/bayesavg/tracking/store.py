@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .mlflow_run import EXECUTION_TAG, OUTPUT_TAG, PARENT_TAG, Run, store_client
+from .serialized import serialized
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,10 @@ def open_run(
     """
     client = store_client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location)
-    parent_id = _parent_run(client, exp_id, parent, tags or {}) if parent else None
+    parent_id = None
+    if parent:
+        with serialized(tracking_uri, parent["key"]):
+            parent_id = _parent_run(client, exp_id, parent, tags or {})
     run = _resumed(client, resume, exp_id, tracking_uri) if resume else None
     if run is not None:
         client.update_run(run.run_id, status="RUNNING")

@@ -1,0 +1,287 @@
+"""``dvc repro`` on every core: the pipeline's independent stages side by side.
+
+DVC runs one stage at a time, and each stage computes on ``BAYESAVG_THREADS``
+intra-op threads (default 1), so on a machine with more cores most of them wait.
+This runs up to ``--jobs`` stages at once, each through ``dvc repro --single-item
+<stage>``: DVC still decides whether the stage is stale, runs it, caches its outputs
+and writes its entry in ``dvc.lock``. DVC allows that (it releases the repository
+lock while a stage's command runs, and ``--wait-for-lock`` makes each wait for the
+others' ``dvc.lock`` writes); this script only orders the stages, starting one when
+all its upstream stages have finished, longest remaining path first (stage seconds
+from the previous run's ``runs/*.json``, else dvc.yaml's ``meta.seconds``). The
+default ``--jobs``: the usable cores over the threads, so threads never exceed cores;
+one where the stages compute on a GPU. The bytes are those of a plain ``dvc repro``:
+a stage's result depends on its thread count, not on what runs beside it.
+
+The stages' MLflow runs form one execution (``BAYESAVG_EXECUTION``, which
+``stages/_execution.py`` reads), as under one ``dvc repro``.
+
+Usage: ``python scripts/repro.py [--jobs N] [--force] [STAGE ...]``: the stages named
+and their upstream (default: all). Exit code: the first failed stage's, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from bayesavg.runtime import launch, numerics
+
+EXECUTION_ENV = "BAYESAVG_EXECUTION"
+
+
+class UnknownStage(Exception):
+    """A stage named on the command line that dvc.yaml does not define."""
+
+
+class Pipeline(NamedTuple):
+    upstream: dict[str, set[str]]  # stage -> the stages it depends on
+    hinted: dict[str, float]  # stage -> dvc.yaml's ``meta.seconds``, where it gives one
+
+
+def load_graph(targets: Iterable[str]) -> Pipeline:
+    """The stages of ``targets`` and their upstream (all stages when none is named),
+    from DVC's own pipeline graph."""
+    import networkx as nx
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        graph = repo.index.graph  # edges point from a stage to its upstream stages
+        by_name = {stage.addressing: stage for stage in graph.nodes}
+        wanted = list(targets) or list(by_name)
+        unknown = [name for name in wanted if name not in by_name]
+        if unknown:
+            raise UnknownStage(f"no stage {', '.join(unknown)} in dvc.yaml")
+        keep = set(wanted)
+        for name in wanted:
+            keep |= {s.addressing for s in nx.descendants(graph, by_name[name])}
+        upstream = {
+            name: {s.addressing for s in graph.successors(by_name[name])} & keep
+            for name in by_name
+            if name in keep
+        }
+        hinted = {}
+        for name in upstream:
+            meta = by_name[name].meta
+            if isinstance(meta, dict) and isinstance(meta.get("seconds"), int | float):
+                hinted[name] = float(meta["seconds"])
+        return Pipeline(upstream, hinted)
+
+
+def stale(upstream: Mapping[str, set[str]], force: bool) -> set[str]:
+    """The stages to hand to DVC: those ``dvc status`` reports and everything
+    downstream of them (their inputs may change when those rerun; DVC skips any whose
+    inputs did not), or all with ``force``."""
+    if force:
+        return set(upstream)
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        changed = set(repo.status(targets=list(upstream))) & set(upstream)
+    todo = set(changed)
+    grew = True
+    while grew:
+        more = {s for s, deps in upstream.items() if s not in todo and deps & todo}
+        todo |= more
+        grew = bool(more)
+    return todo
+
+
+def last_seconds(root: Path) -> dict[str, float]:
+    """Each stage's seconds in the previous run (``runs/*.json``), for ordering only."""
+    out: dict[str, float] = {}
+    for path in root.glob("runs/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        stage = record.get("dvc_stage") or record.get("stage")
+        seconds = record.get("seconds", {})
+        if isinstance(stage, str) and isinstance(seconds, dict):
+            out[stage] = out.get(stage, 0.0) + sum(float(v) for v in seconds.values())
+    return out
+
+
+def priorities(upstream: Mapping[str, set[str]], seconds: Mapping[str, float]) -> dict[str, float]:
+    """A stage's own estimated seconds plus the longest chain of stages after it: the
+    stages that hold up the end of the run start first. Unknown stages count as 3 s
+    (one stage's start-up and DVC's work)."""
+    downstream: dict[str, set[str]] = {s: set() for s in upstream}
+    for stage, deps in upstream.items():
+        for dep in deps:
+            downstream[dep].add(stage)
+    memo: dict[str, float] = {}
+
+    def longest(stage: str) -> float:
+        if stage not in memo:
+            after = max((longest(s) for s in downstream[stage]), default=0.0)
+            memo[stage] = seconds.get(stage, 3.0) + after
+        return memo[stage]
+
+    return {stage: longest(stage) for stage in upstream}
+
+
+def execution_env(jobs: int) -> dict[str, str]:
+    """The environment that makes every stage's MLflow run part of this one execution
+    (named as a plain ``dvc repro``'s, with a tag saying how it ran)."""
+    started = time.time()
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+    parent = {
+        "key": f"{socket.gethostname()}:{os.getpid()}:{int(started * 1000)}:",
+        "name": f"dvc repro {when}",
+        "dvc_exp_name": "",
+        "mlflow.source.name": "dvc repro",
+        "bayesavg.runner": f"scripts/repro.py --jobs {jobs}",
+    }
+    return {**os.environ, EXECUTION_ENV: json.dumps(parent)}
+
+
+# DVC's closing hints, which every stage's `dvc repro` would repeat: said once, at the end.
+HINTS = re.compile(
+    r"^(\s*|To track the changes with git, run:|To enable auto staging, run:"
+    r"|\tdvc config core\.autostage true|Use `dvc push` to send your updates.*)$"
+)
+GIT_ADD = re.compile(r"^\tgit add (.+)$")
+
+
+def _pump(
+    stage: str, proc: subprocess.Popen[str], width: int, lock: threading.Lock, added: set[str]
+) -> None:
+    """Copy a stage's output to ours line by line, each line led by the stage's name;
+    DVC's hints are left out and the files it asks to ``git add`` collected."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        text = line.rstrip("\n")
+        found = GIT_ADD.match(text)
+        if found:
+            added.update(found.group(1).split())
+            continue
+        if HINTS.match(text):
+            continue
+        with lock:
+            sys.stdout.write(f"{stage:<{width}} | {text}\n")
+            sys.stdout.flush()
+
+
+def run(
+    upstream: Mapping[str, set[str]],
+    todo: set[str],
+    jobs: int,
+    force: bool,
+    seconds: Mapping[str, float],
+) -> int:
+    """Run ``todo`` in dependency order, ``jobs`` at a time; return the exit code."""
+    rank = priorities(upstream, seconds)
+    order = {stage: i for i, stage in enumerate(upstream)}
+    env = execution_env(jobs)
+    width = max((len(s) for s in todo), default=0)
+    lock = threading.Lock()
+    done: queue.Queue[tuple[str, int]] = queue.Queue()
+    finished = set(upstream) - todo
+    waiting = set(todo)
+    running = 0
+    failed: tuple[str, int] | None = None
+    added: set[str] = set()
+
+    def launch_stage(stage: str) -> None:
+        cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item"]
+        proc = subprocess.Popen(
+            [*cmd, *(["--force"] if force else []), stage],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        _pump(stage, proc, width, lock, added)
+        done.put((stage, proc.wait()))
+
+    while waiting or running:
+        ready = [s for s in waiting if upstream[s] <= finished] if failed is None else []
+        ready.sort(key=lambda s: (-rank[s], order[s]))
+        for stage in ready[: jobs - running]:
+            waiting.discard(stage)
+            running += 1
+            threading.Thread(target=launch_stage, args=(stage,), daemon=True).start()
+        if not running:
+            break
+        stage, code = done.get()
+        running -= 1
+        if code == 0:
+            finished.add(stage)
+        elif failed is None:
+            failed = (stage, code)
+    if added:
+        print(f"\nTo track the changes with git, run:\n\n\tgit add {' '.join(sorted(added))}")
+    if failed is not None:
+        left = sorted(waiting, key=order.__getitem__)
+        print(
+            f"error: stage {failed[0]} failed (exit code {failed[1]})"
+            + (f"; not run: {', '.join(left)}" if left else ""),
+            file=sys.stderr,
+        )
+        return failed[1]
+    return 0
+
+
+def on_cuda(params: Path = Path("params.yaml")) -> bool:
+    """Whether the stages will compute on a GPU: params' ``device`` names CUDA, or is
+    ``auto`` on a machine where torch sees one."""
+    import yaml
+
+    try:
+        device = str((yaml.safe_load(params.read_text()) or {}).get("device", "auto"))
+    except (OSError, yaml.YAMLError, AttributeError):
+        return False  # the validate stage says what is wrong with params.yaml
+    if device != "auto":
+        return device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def default_jobs(cuda: bool = False) -> int:
+    """On the CPU, as many stages as the usable cores hold at this thread count (and
+    process count of distributed stages); on a GPU, one: every stage computes on the
+    same device, where a second would compete for its memory."""
+    if cuda:
+        return 1
+    each = numerics.threads() * launch.nproc()
+    return max(1, numerics.usable_cores() // each)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stages", nargs="*", help="stages to reproduce (default: all)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="stages at once")
+    parser.add_argument("-f", "--force", action="store_true", help="rerun even if unchanged")
+    args = parser.parse_args(argv)
+    jobs = args.jobs if args.jobs is not None else default_jobs(on_cuda())
+    if jobs < 1:
+        parser.error("--jobs must be at least 1")
+    try:
+        upstream, hinted = load_graph(args.stages)
+    except UnknownStage as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    todo = stale(upstream, args.force)
+    if not todo:
+        print("Data and pipelines are up to date.")
+        return 0
+    print(f"{len(todo)} of {len(upstream)} stages to check, {jobs} at a time", flush=True)
+    seconds = {**hinted, **last_seconds(Path.cwd())}
+    return run(upstream, todo, jobs, args.force, seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

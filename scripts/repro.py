@@ -284,4 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the stages' processes got the same Ctrl-C and stop
+        print("interrupted: rerun to continue (finished stages are kept)", file=sys.stderr)
+        sys.exit(130)

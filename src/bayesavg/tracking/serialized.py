@@ -3,7 +3,8 @@
 An execution's stages may run side by side (``scripts/repro.py``), each with its own
 tracking worker. Two of them must not both create the execution's parent run (the
 first one to find none creates it), nor interleave their read-modify-write of its
-summary, which each stage rewrites whole. An advisory lock (``flock``) per store and
+summary, which each stage rewrites whole, nor both tag the experiment (MLflow's SQL
+store fails the second insert of the same tag). An advisory lock (``flock``) per store and
 parent serializes both across the processes of this machine, where those stages run.
 """
 
@@ -18,7 +19,8 @@ from contextlib import contextmanager
 
 
 def lock_path(tracking_uri: str, name: str) -> str:
-    """The lock file for ``name`` (an execution key or parent run id) in this store."""
+    """The lock file for ``name`` (an execution key, a parent run id, an experiment) in
+    this store."""
     digest = hashlib.sha256(f"{tracking_uri}\0{name}".encode()).hexdigest()[:24]
     return os.path.join(tempfile.gettempdir(), f"bayesavg-{os.getuid()}-execution-{digest}.lock")
 

@@ -46,8 +46,10 @@ def warm_store(tracking_uri: str) -> None:
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
-def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
-    """The experiment's id, created if missing; marked as a model-training experiment."""
+def _experiment_id(client: Any, name: str, artifact_location: str, tracking_uri: str) -> str:
+    """The experiment's id, created if missing; marked as a model-training experiment
+    (by one stage at a time: two stages side by side setting the same tag collide in
+    MLflow's SQL store)."""
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
@@ -60,9 +62,12 @@ def _experiment_id(client: Any, name: str, artifact_location: str) -> str:
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
-    for key, value in EXPERIMENT_KIND.items():
-        if exp.tags.get(key) != value:
-            client.set_experiment_tag(exp.experiment_id, key, value)
+    if any(exp.tags.get(key) != value for key, value in EXPERIMENT_KIND.items()):
+        with serialized(tracking_uri, f"experiment\0{name}"):
+            exp = client.get_experiment(exp.experiment_id)  # as the last stage left it
+            for key, value in EXPERIMENT_KIND.items():
+                if exp.tags.get(key) != value:
+                    client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
 
@@ -93,7 +98,7 @@ def open_run(
     ``start_time``: the run's start in ms since the epoch (default: now).
     """
     client = store_client(tracking_uri)
-    exp_id = _experiment_id(client, experiment, artifact_location)
+    exp_id = _experiment_id(client, experiment, artifact_location, tracking_uri)
     parent_id = None
     if parent:
         with serialized(tracking_uri, parent["key"]):

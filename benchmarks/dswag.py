@@ -1,8 +1,9 @@
 """Distributed SWAG on torch.distributed: speed-up of 2 processes over 1, and memory per rank.
 
 (a) The default ``dswag`` trajectory (params.yaml) on mnist5k with LeNet-5,
-    run on 1 and on 2 processes at their default thread counts (2 threads on
-    1 process, 1 per rank on 2: never more threads than one process runs)
+    run on 1 and on 2 processes at their default thread counts (1 thread per
+    process and rank since 66c2895, 2 on 1 process before: never more threads
+    than cores)
     through the same launcher the pipeline uses (torchrun via
     ``bayesavg.runtime.launch``); a configuration that would oversubscribe the
     usable cores is named in a warning first. The time is that of ``run_dswag`` on

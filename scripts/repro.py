@@ -88,7 +88,7 @@ def stale(upstream: Mapping[str, set[str]], force: bool) -> set[str]:
     from dvc.repo import Repo
 
     with Repo() as repo:
-        changed = set(repo.status(targets=list(upstream))) & set(upstream)
+        changed = set(repo.status()) & set(upstream)
     todo = set(changed)
     grew = True
     while grew:
@@ -269,12 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     jobs = args.jobs if args.jobs is not None else default_jobs(on_cuda())
     if jobs < 1:
         parser.error("--jobs must be at least 1")
+    from dvc.exceptions import DvcException
+
     try:
         upstream, hinted = load_graph(args.stages)
-    except UnknownStage as err:
-        print(f"error: {err}", file=sys.stderr)
+        todo = stale(upstream, args.force)
+    except (UnknownStage, DvcException) as err:  # what `dvc repro` would stop at too
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    todo = stale(upstream, args.force)
     if not todo:
         print("Data and pipelines are up to date.")
         return 0

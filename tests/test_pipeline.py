@@ -182,8 +182,8 @@ def tiny_params() -> dict[str, Any]:
     return raw
 
 
-# The tiny pipeline's 44 stages under `dvc repro` take about 3 minutes on 2 cores before
-# the first test, and its tests another 2: `make test-slow`, outside the 10-minute suite.
+# The tiny pipeline's 44 stages, two at a time, take about 2.5 minutes on 2 cores before
+# the first test, and its tests another 3: `make test-slow`, outside the 10-minute suite.
 SLOW = pytest.mark.slow
 
 

@@ -110,6 +110,14 @@ def test_named_stages_bring_their_upstream_only(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.strip() == "error: no stage nope in dvc.yaml"
 
 
+def test_a_pipeline_dvc_cannot_read_stops_in_one_line(tmp_path: Path) -> None:
+    repo = _toy(tmp_path, {"a": {**_stage("a"), "cmd": "python waiter.py ${missing.key}"}})
+    bad = _repro(repo, check=False)
+    assert bad.returncode == 2
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "missing.key" in line
+
+
 def test_the_longest_remaining_chain_starts_first() -> None:
     upstream = {"a": set(), "b": set(), "c": {"a"}, "d": {"c"}, "e": {"b"}}
     rank = repro.priorities(upstream, {"b": 50.0, "e": 1.0})

@@ -24,7 +24,6 @@ go to ``benchmarks/pipeline.json``. See ``benchmarks/README.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -165,15 +164,12 @@ def forced_side_by_side(root: Path, jobs: int, sequential: float) -> dict[str, A
         proc = subprocess.run([*cmd, str(jobs)], cwd=root, env=env(), capture_output=True)
     if proc.returncode != 0:
         raise SystemExit("scripts/repro.py --force failed in the benchmark workspace")
-    per_run: dict[str, float] = {}
-    for path in (root / "runs").glob("*.json"):
-        for key, value in json.loads(path.read_text()).get("seconds", {}).items():
-            per_run[key] = per_run.get(key, 0.0) + value
+    sums = stage_ledger.totals(stage_ledger.by_stage(root))
     return {
         "jobs": jobs,
         "total_seconds": round(watch.seconds, 1),
         "ratio_to_dvc_repro": round(watch.seconds / sequential, 3),
-        "seconds": {k: round(v, 1) for k, v in sorted(per_run.items())},
+        "seconds": {k: round(v, 1) for k, v in sums.items() if k != "dvc_and_launch"},
     }
 
 

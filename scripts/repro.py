@@ -27,18 +27,23 @@ import json
 import os
 import queue
 import re
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+import stage_ledger
 
 from bayesavg.runtime import launch, numerics
 
-EXECUTION_ENV = "BAYESAVG_EXECUTION"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
+from _execution import EXECUTION_ENV, described
+
+if TYPE_CHECKING:
+    from dvc.repo import Repo
 
 
 class UnknownStage(Exception):
@@ -50,46 +55,40 @@ class Pipeline(NamedTuple):
     hinted: dict[str, float]  # stage -> dvc.yaml's ``meta.seconds``, where it gives one
 
 
-def load_graph(targets: Iterable[str]) -> Pipeline:
+def load_graph(repo: Repo, targets: Iterable[str]) -> Pipeline:
     """The stages of ``targets`` and their upstream (all stages when none is named),
     from DVC's own pipeline graph."""
     import networkx as nx
-    from dvc.repo import Repo
 
-    with Repo() as repo:
-        graph = repo.index.graph  # edges point from a stage to its upstream stages
-        by_name = {stage.addressing: stage for stage in graph.nodes}
-        wanted = list(targets) or list(by_name)
-        unknown = [name for name in wanted if name not in by_name]
-        if unknown:
-            raise UnknownStage(f"no stage {', '.join(unknown)} in dvc.yaml")
-        keep = set(wanted)
-        for name in wanted:
-            keep |= {s.addressing for s in nx.descendants(graph, by_name[name])}
-        upstream = {
-            name: {s.addressing for s in graph.successors(by_name[name])} & keep
-            for name in by_name
-            if name in keep
-        }
-        hinted = {}
-        for name in upstream:
-            meta = by_name[name].meta
-            if isinstance(meta, dict) and isinstance(meta.get("seconds"), int | float):
-                hinted[name] = float(meta["seconds"])
-        return Pipeline(upstream, hinted)
+    graph = repo.index.graph  # edges point from a stage to its upstream stages
+    by_name = {stage.addressing: stage for stage in graph.nodes}
+    wanted = list(targets) or list(by_name)
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        raise UnknownStage(f"no stage {', '.join(unknown)} in dvc.yaml")
+    keep = set(wanted)
+    for name in wanted:
+        keep |= {s.addressing for s in nx.descendants(graph, by_name[name])}
+    upstream = {
+        name: {s.addressing for s in graph.successors(by_name[name])} & keep
+        for name in by_name
+        if name in keep
+    }
+    hinted = {}
+    for name in upstream:
+        meta = by_name[name].meta
+        if isinstance(meta, dict) and isinstance(meta.get("seconds"), int | float):
+            hinted[name] = float(meta["seconds"])
+    return Pipeline(upstream, hinted)
 
 
-def stale(upstream: Mapping[str, set[str]], force: bool) -> set[str]:
+def stale(repo: Repo, upstream: Mapping[str, set[str]], force: bool) -> set[str]:
     """The stages to hand to DVC: those ``dvc status`` reports and everything
     downstream of them (their inputs may change when those rerun; DVC skips any whose
     inputs did not), or all with ``force``."""
     if force:
         return set(upstream)
-    from dvc.repo import Repo
-
-    with Repo() as repo:
-        changed = set(repo.status()) & set(upstream)
-    todo = set(changed)
+    todo = set(repo.status()) & set(upstream)
     grew = True
     while grew:
         more = {s for s, deps in upstream.items() if s not in todo and deps & todo}
@@ -100,17 +99,7 @@ def stale(upstream: Mapping[str, set[str]], force: bool) -> set[str]:
 
 def last_seconds(root: Path) -> dict[str, float]:
     """Each stage's seconds in the previous run (``runs/*.json``), for ordering only."""
-    out: dict[str, float] = {}
-    for path in root.glob("runs/*.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        stage = record.get("dvc_stage") or record.get("stage")
-        seconds = record.get("seconds", {})
-        if isinstance(stage, str) and isinstance(seconds, dict):
-            out[stage] = out.get(stage, 0.0) + sum(float(v) for v in seconds.values())
-    return out
+    return {stage: sum(keys.values()) for stage, keys in stage_ledger.by_stage(root).items()}
 
 
 def priorities(upstream: Mapping[str, set[str]], seconds: Mapping[str, float]) -> dict[str, float]:
@@ -135,15 +124,8 @@ def priorities(upstream: Mapping[str, set[str]], seconds: Mapping[str, float]) -
 def execution_env(jobs: int) -> dict[str, str]:
     """The environment that makes every stage's MLflow run part of this one execution
     (named as a plain ``dvc repro``'s, with a tag saying how it ran)."""
-    started = time.time()
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-    parent = {
-        "key": f"{socket.gethostname()}:{os.getpid()}:{int(started * 1000)}:",
-        "name": f"dvc repro {when}",
-        "dvc_exp_name": "",
-        "mlflow.source.name": "dvc repro",
-        "bayesavg.runner": f"scripts/repro.py --jobs {jobs}",
-    }
+    parent = described(os.getpid(), time.time(), "", "dvc repro")
+    parent["bayesavg.runner"] = f"scripts/repro.py --jobs {jobs}"
     return {**os.environ, EXECUTION_ENV: json.dumps(parent)}
 
 
@@ -270,10 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     if jobs < 1:
         parser.error("--jobs must be at least 1")
     from dvc.exceptions import DvcException
+    from dvc.repo import Repo
 
     try:
-        upstream, hinted = load_graph(args.stages)
-        todo = stale(upstream, args.force)
+        with Repo() as repo:
+            upstream, hinted = load_graph(repo, args.stages)
+            todo = stale(repo, upstream, args.force)
     except (UnknownStage, DvcException) as err:  # what `dvc repro` would stop at too
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2

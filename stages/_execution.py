@@ -34,7 +34,6 @@ def execution() -> dict[str, str] | None:
     at once; it names the one execution they form in ``BAYESAVG_EXECUTION`` (these
     same fields, as JSON), which comes first."""
     import json
-    import socket
 
     import psutil
 
@@ -49,13 +48,22 @@ def execution() -> dict[str, str] | None:
             started = proc.create_time()
         except psutil.Error:
             continue
-        exp = os.environ.get("DVC_EXP_NAME", "")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
-        return {
-            "key": f"{socket.gethostname()}:{proc.pid}:{int(started * 1000)}:{exp}",
-            "name": exp or f"dvc repro {when}",
-            "dvc_exp_name": exp,
-            # The UI's Source column: what ran the pipeline (dvc repro, dvc exp exec-run).
-            "mlflow.source.name": " ".join(["dvc", *args[:2]]),
-        }
+        # The UI's Source column: what ran the pipeline (dvc repro, dvc exp exec-run).
+        source = " ".join(["dvc", *args[:2]])
+        return described(proc.pid, started, os.environ.get("DVC_EXP_NAME", ""), source)
     return None
+
+
+def described(pid: int, started: float, exp: str, source: str) -> dict[str, str]:
+    """The execution of process ``pid`` started at ``started`` (seconds since the epoch):
+    its key, name (the DVC experiment's, else ``dvc repro <start>``) and tags. Also what
+    ``scripts/repro.py`` puts in ``BAYESAVG_EXECUTION`` for itself."""
+    import socket
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+    return {
+        "key": f"{socket.gethostname()}:{pid}:{int(started * 1000)}:{exp}",
+        "name": exp or f"dvc repro {when}",
+        "dvc_exp_name": exp,
+        "mlflow.source.name": source,
+    }

@@ -128,9 +128,12 @@ def test_the_longest_remaining_chain_starts_first() -> None:
 def test_dvc_yaml_s_meta_seconds_order_a_first_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dvc.repo import Repo
+
     stages = {"a": _stage("a"), "b": {**_stage("b"), "meta": {"seconds": 40}}}
-    monkeypatch.chdir(_toy(tmp_path, stages))
-    pipeline = repro.load_graph([])
+    monkeypatch.chdir(_toy(tmp_path, stages))  # stage names are relative to it
+    with Repo() as dvc_repo:
+        pipeline = repro.load_graph(dvc_repo, [])
     assert pipeline.upstream == {"a": set(), "b": set()}
     assert pipeline.hinted == {"b": 40.0}
 

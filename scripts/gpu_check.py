@@ -3,7 +3,7 @@
 Three invocations, each within its budget (default 480 s: 8 minutes on one H100):
 
     python scripts/gpu_check.py --out gpu-check.json             # the in-process parts
-    python scripts/gpu_check.py --pipeline --out gpu-check.json  # dvc repro, toy sizes
+    python scripts/gpu_check.py --pipeline --out gpu-check.json  # stages side by side, toy sizes
     python scripts/gpu_check.py --speed --out gpu-check.json     # eager/compiled/graphs
 
 Every part runs in a child process of its own with its own time box (``PARTS`` below,
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "scripts") not in sys.path:  # its helper modules, however this file is run
     sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_check_runner import KEPT_REPO, NO_CUDA, TARGETS, Context, Part, child_main, run_parts  # noqa: E402
+from gpu_check_runner import JOBS, KEPT_REPO, NO_CUDA, TARGETS, Context, Part, child_main, run_parts  # noqa: E402
 
 BUDGET_S = 480.0
 TEST_PARTS = "GPU_CHECK_TEST_PARTS"  # tests only: a .py file whose PARTS replace these
@@ -86,7 +86,7 @@ def environment(ctx: Context) -> dict[str, Any]:
         out["cuda_available"] = torch.cuda.is_available()
     out["cuda_warnings"] = [str(w.message)[:500] for w in caught]
     smi = shutil.which("nvidia-smi")
-    query = "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm"
+    query = "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm,compute_mode"
     try:
         proc = subprocess.run(
             [smi or "nvidia-smi", query, "--format=csv,noheader"],
@@ -248,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --pipeline: the scratch repo's folder, kept (default: a temporary one); "
         "run again with the same --repo, it goes on where a run cut short stopped",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        help="with --pipeline: stages side by side (default: the usable cores, at most 8; "
+        "1 where the GPU's compute mode is exclusive)",
+    )
     for hidden in ("--run-part", "--result"):  # a child's own arguments
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
@@ -261,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--targets is for --pipeline")
     if args.repo is not None and not args.pipeline:
         parser.error("--repo is for --pipeline")
+    if args.jobs is not None and not args.pipeline:
+        parser.error("--jobs is for --pipeline")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    if args.jobs is not None:
+        os.environ[JOBS] = str(args.jobs)
     if args.targets is not None:
         os.environ[TARGETS] = args.targets  # the pipeline part's child reads it
     if args.repo is not None:

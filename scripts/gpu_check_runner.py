@@ -30,6 +30,9 @@ TARGETS = "GPU_CHECK_TARGETS"
 # `gpu_check.py --pipeline --repo DIR`: the pipeline part's scratch repo, kept; a second
 # invocation continues where a first one cut short stopped (unset: a temporary repo).
 KEPT_REPO = "GPU_CHECK_REPO"
+# `gpu_check.py --pipeline --jobs N`: the stages the pipeline part runs side by side
+# (unset: gpu_check_pipeline.lanes decides).
+JOBS = "GPU_CHECK_JOBS"
 NO_CUDA = (
     "gpu-check: no CUDA device (torch.cuda.is_available() is False); "
     "run it on a machine with an NVIDIA GPU"

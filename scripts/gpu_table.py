@@ -82,14 +82,21 @@ def _pipeline(found: dict[str, Any]) -> str:
         what = "all stages" if targets == "all" else f"targets {', '.join(targets)}"
         if done.get("stages_done_before"):
             what += f" (going on after {done['stages_done_before']} stages done before)"
+        lanes = f", {done['jobs']} side by side" if done.get("jobs", 1) > 1 else ""
         if run.get("ok"):
-            cells.append(f"{what}: {done['stages_run']} stages ok in {done['dvc_seconds']:.0f} s")
-        else:
-            cut = "cut at its time box" if "timed out" in run.get("error", "") else "failed"
-            cells.append(
-                f"{what}: {done['stages_run']} stages ok in {done['seconds']:.0f} s, {cut} "
-                f"at `{done.get('running')}`"
-            )
+            seconds = done["dvc_seconds"]
+            cells.append(f"{what}: {done['stages_run']} stages ok in {seconds:.0f} s{lanes}")
+            continue
+        cut = "cut at its time box" if "timed out" in run.get("error", "") else "failed"
+        running = done.get("running") or []
+        at = ", ".join(f"`{s}`" for s in ([running] if isinstance(running, str) else running))
+        seconds = done.get("seconds", done.get("dvc_seconds", 0))
+        cells.append(
+            f"{what}: {done['stages_run']} stages ok in {seconds:.0f} s{lanes}, {cut}"
+            + (f" at {at}" if at else "")
+        )
+        if done.get("failed_stages"):
+            cells[-1] += f" (failed: {', '.join(done['failed_stages'])})"
     return "; ".join(cells)
 
 

@@ -327,14 +327,63 @@ def test_the_pipeline_part_splits_each_stage_s_seconds_from_the_ledger(tmp_path:
     }
 
 
-def test_targets_are_for_the_pipeline_invocation_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["--targets", "data"], "--targets is for --pipeline"),
+        (["--jobs", "4"], "--jobs is for --pipeline"),
+        (["--pipeline", "--jobs", "0"], "--jobs must be at least 1"),
+    ],
+)
+def test_pipeline_options_are_for_the_pipeline_invocation_only(
+    tmp_path: Path, given: list[str], said: str
+) -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "t.json"), "--targets", "data"],
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "t.json"), *given],
         capture_output=True,
         text=True,
     )
-    assert proc.returncode == 2 and "--targets is for --pipeline" in proc.stderr
+    assert proc.returncode == 2 and said in proc.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_pipeline_part_runs_stages_side_by_side_unless_the_gpu_is_exclusive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gpu_check_pipeline
+    from gpu_check_runner import JOBS
+
+    from bayesavg.runtime import numerics
+
+    monkeypatch.delenv(JOBS, raising=False)
+    monkeypatch.setattr(numerics, "usable_cores", lambda: 16)
+    monkeypatch.setattr(gpu_check_pipeline, "exclusive_gpu", lambda: False)
+    assert gpu_check_pipeline.lanes("cuda")[0] == gpu_check_pipeline.MAX_LANES == 8
+    monkeypatch.setattr(numerics, "usable_cores", lambda: 2)
+    assert gpu_check_pipeline.lanes("cuda")[0] == 2
+    monkeypatch.setattr(gpu_check_pipeline, "exclusive_gpu", lambda: True)
+    assert gpu_check_pipeline.lanes("cuda") == (
+        1,
+        "the GPU's compute mode is exclusive: one process at a time",
+    )
+    assert gpu_check_pipeline.lanes("cpu")[0] == 2
+    monkeypatch.setenv(JOBS, "5")  # gpu_check.py --pipeline --jobs 5
+    assert gpu_check_pipeline.lanes("cuda") == (5, "--jobs")
+
+
+def test_the_exclusive_compute_mode_is_read_from_nvidia_smi(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import gpu_check_pipeline
+
+    smi = tmp_path / "nvidia-smi"
+    for mode, exclusive in (("Default", False), ("Exclusive_Process", True)):
+        smi.write_text(f"#!/bin/sh\necho {mode}\n")
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        assert gpu_check_pipeline.exclusive_gpu() is exclusive
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpu_check_pipeline.exclusive_gpu() is False  # no nvidia-smi: nothing says so
 
 
 def test_paced_rounds_stop_where_another_would_not_fit() -> None:
@@ -446,9 +495,10 @@ def test_every_real_part_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
 def test_the_pipeline_part_times_each_stage_and_reads_the_metrics(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """``repro`` on a two-stage stand-in pipeline (seconds, not the real one's minutes):
-    DVC through this interpreter, ``python`` on PATH in the stages, a stage's seconds
-    from its ``Running stage`` line, the test metrics read back."""
+    """``repro`` on a three-stage stand-in pipeline (seconds, not the real one's
+    minutes): DVC through this interpreter, ``python`` on PATH in the stages, a stage's
+    seconds from ``scripts/repro.py``'s line at its end, the test metrics read back,
+    two independent stages side by side."""
     from gpu_check_pipeline import repro, stage_env
     from gpu_check_runner import TARGETS, Context
 
@@ -465,6 +515,7 @@ def test_the_pipeline_part_times_each_stage_and_reads_the_metrics(
             "outs": ["a.txt"],
         },
         "second": {"cmd": f'python -c "{write}"', "deps": ["a.txt"], "outs": ["metrics"]},
+        "third": {"cmd": "python -c 'import time; time.sleep(2)' > c.txt", "outs": ["c.txt"]},
     }
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
     env = stage_env(repo)
@@ -476,10 +527,17 @@ def test_the_pipeline_part_times_each_stage_and_reads_the_metrics(
     seconds = repro(repo, env, ctx)["stage_seconds"]
     assert seconds.keys() == {"first"} and seconds["first"] >= 1.0  # its sleep
     monkeypatch.delenv(TARGETS)
-    found = repro(repo, env, ctx)  # the rest: first is up to date
-    assert found["ok"] is True and list(found["stage_seconds"]) == ["second"], found
+    found = repro(repo, env, ctx, jobs=2)  # the rest: first is up to date
+    assert found["ok"] is True and set(found["stage_seconds"]) == {"second", "third"}, found
+    assert found["stage_seconds"]["third"] >= 2.0 and found["jobs"] == 2
     assert found["test"] == {n: {"accuracy": 0.5, "nll": 1.5} for n in ("swa", "swag")}
-    assert json.loads(ctx.result_path.read_text())["result"]["running"] == "second"
+    reported = json.loads(ctx.result_path.read_text())["result"]
+    assert reported["stages_run"] == 2 and reported["running"] == []  # at the last end
+    stages["third"]["cmd"] = "python -c 'raise SystemExit(3)'"
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    failed = repro(repo, env, ctx, jobs=2)
+    assert failed["ok"] is False and failed["exit_code"] != 0, failed  # DVC's own code
+    assert failed["failed_stages"] == {"third": f"failed (exit code {failed['exit_code']})"}
 
 
 def test_the_speed_summary_and_the_protocol_projection() -> None:

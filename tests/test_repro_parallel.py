@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def test_independent_stages_run_side_by_side_and_dvc_records_each(tmp_path: Path
     assert out.count("To track the changes with git") == 1  # once, not once per stage
     assert "git add" in out and "dvc.lock" in out.split("git add")[-1]
     assert "a | Running stage 'a'" in out
+    ends = [line for line in out.splitlines() if " | finished in " in line]
+    assert [line.split()[0] for line in ends][-1] == "c"  # after a and b
+    assert [line.split("(")[-1] for line in ends] == ["1 of 3)", "2 of 3)", "3 of 3)"]
     again = _repro(repo, "--jobs", "2").stdout
     assert again.strip() == "Data and pipelines are up to date."
 
@@ -94,6 +98,7 @@ def test_a_failed_stage_stops_what_depends_on_it_with_its_exit_code(tmp_path: Pa
     )
     proc = _repro(repo, "--jobs", "2", check=False)
     assert proc.returncode != 0
+    assert re.search(r"^a \| failed \(exit code \d+\) in [\d.]+ s \(1 of 2\)$", proc.stdout, re.M)
     assert proc.stderr.strip().splitlines()[-1].startswith("error: stage a failed (exit code ")
     assert proc.stderr.strip().endswith("; not run: b")
     assert not (repo / "b.txt").exists()

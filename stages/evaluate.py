@@ -366,7 +366,7 @@ def _sharpness(
             probes=sh.probes,
             seed=derive_seed(p.seed, "probes"),
             device=device,
-            batch_size=p.evaluate.batch_size,
+            batch_size=sh.batch_size or p.evaluate.batch_size,
         )
     return _SHARPNESS[key]
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import sys
 import warnings
+import weakref
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from bayesavg.posteriors import last_layer_laplace as lap
 from bayesavg.posteriors.last_layer_laplace import (
     LAPLACE_FORMAT,
     LastLayerLaplace,
+    LazyBatches,
     check_state,
     fit_last_layer,
     last_layer_name,
@@ -188,6 +191,36 @@ def test_plain_batches_fit_like_a_dataloader(fitted: Fitted) -> None:
         )
     with pytest.raises(ValueError, match="prior"):
         fit_last_layer(fitted.model, fitted.loader, prior="grid")
+
+
+def test_lazy_batches_fit_like_a_dataloader_with_one_batch_alive(fitted: Fitted) -> None:
+    """The Laplace trajectory's training split, made a batch at a time as it is read
+    (a streamed split's float32 copy would not fit on the device): the same fit, and at
+    most one batch alive at any moment."""
+    x, y = fitted.loader.dataset.tensors
+    made: list[weakref.ref[torch.Tensor]] = []
+    most_alive = 0
+
+    def batch(i: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal most_alive
+        gc.collect()
+        most_alive = max(most_alive, 1 + sum(r() is not None for r in made))
+        xb = x[i:j].clone()
+        made.append(weakref.ref(xb))
+        return xb, y[i:j]
+
+    lazy = LazyBatches(len(x), 64, batch)
+    assert len(lazy) == 4 and len(lazy.dataset) == 200
+    assert [len(b) for b, _ in lazy] == [64, 64, 64, 8]  # re-iterable: laplace reads it again
+    made.clear()
+    got = fit_last_layer(fitted.model, lazy, prior="none")
+    want = fit_last_layer(fitted.model, fitted.loader, prior="none")
+    assert got["n_data"] == 200
+    for a, b in zip(got["blocks"], want["blocks"], strict=True):
+        assert all(
+            torch.equal(u, v) for u, v in zip(a["eigenvalues"], b["eigenvalues"], strict=True)
+        )
+    assert most_alive <= 2  # the one being made, and at most the one laplace-torch just used
 
 
 def _broken(state: dict, key: str, value: Any, index: tuple[int, ...] = ()) -> dict:

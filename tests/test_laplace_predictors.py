@@ -15,7 +15,7 @@ from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors.file import PosteriorFile, load_posterior, load_theta, save_posterior
 from bayesavg.posteriors.last_layer_laplace import LastLayerLaplace
 from bayesavg.runtime.errors import UserError
-from bayesavg.trajectories import finetune, pretrain
+from bayesavg.trajectories import finetune, laplace_fit, pretrain
 from bayesavg.trajectories.laplace_fit import fit_laplace
 
 LAPLACE = {"kind": "laplace", "start": "sgd", "batch_size": 512}
@@ -101,3 +101,33 @@ def test_laplace_params_are_checked() -> None:
         _params({"sgd": dict(SGD)}, {"p": {"trajectory": "sgd", "method": "laplace"}})
     with pytest.raises(UserError, match="prior_precision"):
         _params({"sgd": dict(SGD), "la": {**LAPLACE, "prior_precision": -1.0}}, {})
+
+
+def test_the_fit_makes_each_training_batch_as_laplace_torch_reads_it(
+    fitted: tuple[PosteriorFile, PosteriorFile],
+    mnist5k_prepared: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Normalised float32 is 4x a split's uint8 bytes, and a streamed split is larger
+    than the device: no batch is made before the fit reads it, and the fit is the same."""
+    start, post = fitted
+    prepared = mnist5k_prepared.prepared
+    events: list[str] = []
+    real_fit, real_input = laplace_fit.fit_last_layer, PosteriorFile.model_input
+
+    def fit(model: torch.nn.Module, loader: Any, **kwargs: Any) -> dict[str, Any]:
+        events.append("fit")
+        return real_fit(model, loader, **kwargs)
+
+    def model_input(self: PosteriorFile, x: torch.Tensor, device: Any) -> torch.Tensor:
+        events.append("batch")
+        return real_input(self, x, device)
+
+    monkeypatch.setattr(laplace_fit, "fit_last_layer", fit)
+    monkeypatch.setattr(PosteriorFile, "model_input", model_input)
+    params = _params({"sgd": dict(SGD), "la": dict(LAPLACE)}, PREDICTORS)
+    again = fit_laplace(params, "la", prepared, start, CPU).posterior
+    batches = -(-len(prepared.train.y) // LAPLACE["batch_size"])
+    assert events[0] == "fit" and events.count("batch") >= batches, events  # none before
+    assert post.laplace is not None and again.laplace is not None
+    assert torch.equal(again.laplace["prior_precision"], post.laplace["prior_precision"])

@@ -59,6 +59,10 @@ class SharpnessParams(_Section):
     rho: PosFloat = 0.05
     probes: PosInt = 3
     n_points: PosInt = 1000
+    # images per forward and (double) backward; None: evaluate.batch_size. One batch's
+    # graph is held twice over (Hessian-vector products), about 80 MiB an image for a
+    # ResNet-50 at 224 x 224 once: there, a training-sized batch
+    batch_size: PosInt | None = None
 
 
 class PlaneParams(_Section):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -69,6 +69,28 @@ class _Batches:
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+class LazyBatches:
+    """Re-iterable batches of ``n`` points, each made by ``batch(start, stop)`` as it is
+    read (and dropped after), with the ``dataset`` length laplace-torch reads N from: a
+    training split, normalised as float32, is four times its uint8 bytes and, streamed,
+    larger than the device, so it is never there whole."""
+
+    def __init__(
+        self, n: int, batch_size: int, batch: Callable[[int, int], tuple[Tensor, Tensor]]
+    ) -> None:
+        self.dataset = range(n)
+        self.batch_size = batch_size
+        self._batch = batch
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        n = len(self.dataset)
+        for start in range(0, n, self.batch_size):
+            yield self._batch(start, min(start + self.batch_size, n))
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.dataset) / self.batch_size)
 
 
 def fit_last_layer(

@@ -15,7 +15,7 @@ from ..config import LaplaceTrajectory, Params
 from ..data.prepared import Prepared
 from ..models import head_name
 from ..posteriors.file import PosteriorFile
-from ..posteriors.last_layer_laplace import fit_last_layer, last_layer_name
+from ..posteriors.last_layer_laplace import LazyBatches, fit_last_layer, last_layer_name
 from ..runtime.errors import UserError
 from ..seeding import derive_seed, seed_everything
 from .common import RunResult, posterior_fields, start_model, trajectory_kwargs
@@ -55,14 +55,12 @@ def fit_laplace(
     kwargs = trajectory_kwargs(start, None)
     model = start_model(start, kwargs, device).eval()
     check_last_layer(model, start, name)
-    x = prepared.train.x
-    batches = [
-        (
-            start.model_input(x[i : i + traj.batch_size], device),
-            prepared.train.y[i : i + traj.batch_size].to(device),
-        )
-        for i in range(0, len(x), traj.batch_size)
-    ]
+    x, y = prepared.train.x, prepared.train.y
+    batches = LazyBatches(
+        len(x),
+        traj.batch_size,
+        lambda i, j: (start.model_input(x[i:j], device), y[i:j].to(device)),
+    )
     state = fit_last_layer(model, batches, prior=traj.prior_precision)
     fields = posterior_fields(params, prepared, name, kwargs)
     posterior = PosteriorFile(

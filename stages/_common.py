@@ -201,6 +201,9 @@ def stage_checkpoint(
         "compute": {
             "precision": p.precision,
             "channels_last": p.channels_last,
+            # compiled and eager steps round differently: a resume keeps the run's kind
+            "compile": p.compile,
+            "cuda_graphs": p.cuda_graphs,
             "augment": p.data.augment.model_dump(),
             "processes": launch.nproc(),
             "numerics": numerics.describe(),

@@ -8,7 +8,9 @@ bytes of today's loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from bayesavg.config import parse_params
 from bayesavg.models import build_model
 from bayesavg.posteriors import MeanFieldVI, svi_step
 from bayesavg.posteriors.file import PosteriorFile, save_posterior
-from bayesavg.training.graphs import GraphStep, rate_dtype, unsupported
+from bayesavg.training.graphs import WARM_UP, GraphStep, rate_dtype, unsupported
 from bayesavg.training.optim import SGD, Adam
 from bayesavg.training.train import StepContext, sgd_step
 from bayesavg.trajectories import finetune
@@ -141,3 +143,49 @@ def test_the_graph_ready_step_never_reads_the_device_on_the_host(kind: str) -> N
     for i in range(3):
         graph(x, y, 0.01 * (i + 1))
     assert graph.loss_sum.device == meta and graph.correct.dtype == torch.int64
+
+
+class _FakeStream:
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
+
+    def wait_stream(self, other: _FakeStream) -> None:
+        pass
+
+
+class _FakeGraph:
+    replays = 0
+
+    def replay(self) -> None:
+        _FakeGraph.replays += 1
+
+
+def test_the_step_is_captured_on_a_stream_of_the_batch_s_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.cuda.graph's own capture stream is on the current device, cuda:0 for a run
+    on cuda:1: the step's kernels would go uncaptured to cuda:1 (an error, or an empty
+    graph replayed as nothing). The capture is on the device of the batch. CUDA's calls
+    are stood in for on the CPU; the step itself runs for real."""
+    captured: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def graph(g: _FakeGraph, **kwargs: Any) -> Iterator[None]:
+        captured.append(kwargs)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(device))
+    model = torch.nn.Linear(4, 3)
+    step = GraphStep(model, SGD(list(model.parameters())), sgd_step, StepContext(), CPU)
+    step.capture = True
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    for _ in range(WARM_UP + 2):
+        step(x, y, 0.1)
+    (kwargs,) = captured
+    assert isinstance(kwargs.get("stream"), _FakeStream), kwargs
+    assert kwargs["stream"].device == x.device and kwargs["capture_error_mode"] == "thread_local"
+    assert _FakeGraph.replays == 2  # the capture's own first replay, then the next step's

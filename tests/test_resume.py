@@ -340,6 +340,15 @@ def test_checkpoint_key_follows_params_inputs_and_code(kill_repo: Path) -> None:
         assert key(0.1) != base
     finally:
         manifest.write_text(original)
+    params = repo / "params.yaml"
+    original = params.read_text()
+    try:  # compiled and eager steps round differently: no resume across them
+        for line in ("compile: false", "cuda_graphs: false"):
+            assert line in original
+            params.write_text(original.replace(line, line.replace("false", "true")))
+            assert key(0.1) != base
+    finally:
+        params.write_text(original)
     common = repo / "stages/_common.py"
     source = common.read_text()
     try:

@@ -108,3 +108,23 @@ def test_an_overflowing_fp16_gradient_gives_no_ascent_and_a_skipped_step() -> No
     ctx.scaler.step(optimizer)
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_the_ascent_unscales_on_the_device_without_reading_the_scale() -> None:
+    """SAM's ascent direction under fp16's scaler is the unscaled gradient, bitwise,
+    with the scale never read on the host (``get_scale()``: a sync every step)."""
+    from bayesavg.training.train import StepContext
+
+    model = _model()
+    x, y = _data()
+    params = list(model.parameters())
+    want = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), params)
+    ctx = StepContext()
+    ctx.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+
+    def read_on_host() -> float:
+        raise AssertionError("the scale was read on the host")
+
+    ctx.scaler.get_scale = read_on_host  # type: ignore[method-assign]
+    got = ctx.grad(nn.functional.cross_entropy(model(x), y), params)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from bayesavg.runtime.errors import UserError
 from bayesavg.seeding import seed_everything
 
 
@@ -69,3 +70,59 @@ def test_the_device_model_names_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None
     assert device_model(torch.device("cpu")) == "cpu"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: f"GPU of {d}")
     assert device_model(torch.device("cuda", 1)) == "GPU of cuda:1"
+
+
+def test_an_indexed_gpu_must_exist_and_becomes_the_current_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``cuda:N`` past the GPUs there are is one line, not torch's "invalid device
+    ordinal" traceback at the first kernel; one that exists is made the current device,
+    so what takes the current one (new streams, a graph's capture) is on it."""
+    from bayesavg.seeding import resolve_device
+
+    current: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **_: None)
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    conv = torch.backends.cudnn.conv.fp32_precision
+    try:
+        with pytest.raises(UserError, match=r"^device: cuda:2 was asked for but this machine "):
+            resolve_device("cuda:2")
+        assert current == []
+        assert resolve_device("cuda:1") == torch.device("cuda", 1)
+        assert current == [torch.device("cuda", 1)]
+        resolve_device("cuda")  # no index: the current device stays as it is
+        assert current == [torch.device("cuda", 1)]
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.backends.cudnn.conv.fp32_precision = conv
+
+
+@pytest.mark.parametrize(
+    ("device", "env", "expected"),
+    [
+        ("cuda", {}, "cuda"),  # no launcher: as asked
+        ("cuda", {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "cuda:1"),
+        ("cuda:1", {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, "cuda:1"),
+        ("cuda:1", {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "names one GPU, but the 2"),
+        ("cuda", {"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"}, "has no GPU of its own"),
+        ("cpu", {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "cpu"),
+    ],
+)
+def test_each_process_of_a_node_gets_its_own_gpu(
+    device: str, env: dict[str, str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bayesavg.training.distributed import local_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if ":" in expected or expected in ("cuda", "cpu"):
+        assert local_device(torch.device(device)) == torch.device(expected)
+    else:
+        with pytest.raises(UserError, match=expected):
+            local_device(torch.device(device))

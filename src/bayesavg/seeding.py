@@ -84,6 +84,16 @@ def resolve_device(name: str) -> torch.device:
         raise UserError(
             f"device: {name} was asked for but no CUDA GPU is available; use auto or cpu"
         )
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise UserError(
+                f"device: {name} was asked for but this machine has {count} CUDA "
+                f"GPU{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})"
+            )
+        # the current device too: what takes the current one (new streams, a CUDA graph's
+        # capture stream, caching-allocator calls) works on the GPU asked for, not cuda:0
+        torch.cuda.set_device(device)
     deterministic_kernels(device)
     return device
 

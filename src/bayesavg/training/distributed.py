@@ -53,8 +53,18 @@ class World:
 
 
 def local_device(device: torch.device) -> torch.device:
-    """On CUDA, the GPU of this rank (LOCAL_RANK) when several processes share a node."""
+    """On CUDA, the GPU of this rank (LOCAL_RANK) when several processes share a node;
+    ``cuda:N`` names one GPU, kept for one process and refused for several."""
     if device.type == "cuda" and "LOCAL_RANK" in os.environ:
+        if device.index is not None:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            if local == 1:
+                return device
+            raise UserError(
+                f"device: {device} names one GPU, but the {local} processes on this node "
+                "need one each: use device: cuda (process i on GPU i; CUDA_VISIBLE_DEVICES "
+                "chooses which)"
+            )
         index, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
         if index >= count:
             raise UserError(

@@ -129,8 +129,12 @@ class GraphStep:
         graph = torch.cuda.CUDAGraph()
         # thread_local: streamed data's worker threads (batches.StreamedData) go on
         # pinning and copying the next batches on their own stream meanwhile; the
-        # default ("global") mode fails any CUDA call another thread makes during capture
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # default ("global") mode fails any CUDA call another thread makes during capture.
+        # The capture stream is on the batch's GPU: torch's default is a new stream on
+        # the current device, cuda:0 for a run on cuda:1, whose kernels then go
+        # uncaptured to cuda:1 (an error, or an empty graph whose replays do nothing).
+        capturing = torch.cuda.Stream(device=x.device)
+        with torch.cuda.graph(graph, stream=capturing, capture_error_mode="thread_local"):
             self._body(sx, sy)
         self._graphs[shape] = graph
         log.info("captured the training step for batches of %s as a CUDA graph", list(shape))

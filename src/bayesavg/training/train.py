@@ -128,7 +128,10 @@ class StepContext:
         scaled = self.scaler.scale(loss) if self.scaler is not None else loss
         grads = list(torch.autograd.grad(scaled, inputs))
         if self.scaler is not None:
-            inv = 1.0 / self.scaler.get_scale()
+            # 1/scale on the device (get_scale() reads it on the host: a sync per step);
+            # the scale is a power of two, so its reciprocal is exact either way
+            scale = self.scaler.scale(torch.ones((), dtype=torch.float32, device=loss.device))
+            inv = torch.reciprocal(scale)
             grads = [g * inv for g in grads]
         if self.world is not None:
             grads = self._all_reduce(grads)

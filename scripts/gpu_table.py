@@ -88,15 +88,15 @@ def _pipeline(found: dict[str, Any]) -> str:
             cells.append(f"{what}: {done['stages_run']} stages ok in {seconds:.0f} s{lanes}")
             continue
         cut = "cut at its time box" if "timed out" in run.get("error", "") else "failed"
-        running = done.get("running") or []
+        # where it stopped: the stages that failed, else those running (one name when
+        # stages ran one at a time)
+        running = done.get("failed_stages") or done.get("running") or []
         at = ", ".join(f"`{s}`" for s in ([running] if isinstance(running, str) else running))
         seconds = done.get("seconds", done.get("dvc_seconds", 0))
         cells.append(
             f"{what}: {done['stages_run']} stages ok in {seconds:.0f} s{lanes}, {cut}"
             + (f" at {at}" if at else "")
         )
-        if done.get("failed_stages"):
-            cells[-1] += f" (failed: {', '.join(done['failed_stages'])})"
     return "; ".join(cells)
 
 

@@ -597,6 +597,29 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     )
 
 
+def test_the_gpu_table_says_how_the_pipeline_part_ran() -> None:
+    """One stage at a time (the H100's run: ``running`` a name) or side by side
+    (``running`` a list, ``jobs``), finished, cut at its box or failed."""
+    from gpu_table import _pipeline
+
+    ok = {"ok": True, "jobs": 8, "targets": "all", "stages_run": 44, "dvc_seconds": 151.2}
+    assert _pipeline({"pipeline": ok}) == "all stages: 44 stages ok in 151 s, 8 side by side"
+    cut = {"stages_run": 30, "seconds": 200.0, "jobs": 8, "running": ["report", "landscape"]}
+    timed_out = {"error": "timed out after 210 s (its time box)", "partial": cut}
+    assert _pipeline({"pipeline": timed_out}) == (
+        "all stages: 30 stages ok in 200 s, 8 side by side, cut at its time box at "
+        "`report`, `landscape`"
+    )
+    old = {"stages_run": 33, "seconds": 323.0, "running": "evaluate@f_multiswag"}
+    assert _pipeline({"pipeline": {"error": "timed out after 329 s", "partial": old}}) == (
+        "all stages: 33 stages ok in 323 s, cut at its time box at `evaluate@f_multiswag`"
+    )
+    failed = {**ok, "ok": False, "stages_run": 3, "failed_stages": {"data": "failed (exit code 1)"}}
+    assert _pipeline({"pipeline": failed}) == (
+        "all stages: 3 stages ok in 151 s, 8 side by side, failed at `data`"
+    )
+
+
 @pytest.mark.slow  # ~10 s: ResNet-50 at 224 on the CPU; the other parts run in the default suite
 def test_resnet50_throughput_at_224_runs_ours_and_the_bare_loop(tmp_path: Path) -> None:
     """Issue 28's gpu-check part at toy size on the CPU: ResNet-50 on 224x224 images with

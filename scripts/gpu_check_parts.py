@@ -152,17 +152,32 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - started
 
 
-def paced(rounds: int, left: Callable[[], float], reserve: float = 5.0) -> Iterator[int]:
+def paced(
+    rounds: int, left: Callable[[], float], reserve: float = 5.0, longest: float = 0.0
+) -> Iterator[int]:
     """Round numbers up to ``rounds``, stopping early where one more round (taken as 1.5x
-    the longest so far) would end within ``reserve`` s of the part's time box: a slower
-    GPU than planned gives fewer rounds, not a part killed with nothing written."""
-    longest = 0.0
+    the longest so far, or than ``longest``, an estimate from rounds before) would end
+    within ``reserve`` s of the part's time box: a slower GPU than planned gives fewer
+    rounds, not a part killed with nothing written. With no estimate the first round
+    always starts."""
     for r in range(rounds):
-        if r and left() < 1.5 * longest + reserve:
+        if (r or longest) and left() < 1.5 * longest + reserve:
             return
         started = time.monotonic()
         yield r
         longest = max(longest, time.monotonic() - started)
+
+
+def timed_only(seconds: dict[str, list[float | None]]) -> dict[str, list[float]]:
+    """Each variant's timed rounds (``None``: a round it missed), for those with any."""
+    found = {k: [t for t in v if t is not None] for k, v in seconds.items()}
+    return {k: v for k, v in found.items() if v}
+
+
+def paired(a: list[float | None], b: list[float | None]) -> list[tuple[float, float]]:
+    """The rounds both variants timed, as (a, b): per-round ratios compare the two on
+    the same round only."""
+    return [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
 
 
 def rotation(names: list[str], r: int) -> list[str]:

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from gpu_check_parts import Size, cifar_shaped
+from gpu_check_parts import Size, cifar_shaped, paired, timed_only
 from gpu_check_runner import Context
-from gpu_check_throughput import Epoch, _ours, _reference, measure
+from gpu_check_throughput import Epoch, Summary, _ours, _reference, measure
 
 from bayesavg.training.precision import Precision
 
@@ -53,16 +53,18 @@ def protocol_hours(train_images_per_s: float, monitoring: bool = True) -> float:
     return images / train_images_per_s / 3600
 
 
-def _summary(model_name: str) -> Callable[[dict[str, Any], int, dict[str, list[float]]], dict]:
-    def summary(head: dict[str, Any], n: int, seconds: dict[str, list[float]]) -> dict[str, Any]:
+def _summary(model_name: str) -> Summary:
+    def summary(
+        head: dict[str, Any], n: int, seconds: dict[str, list[float | None]]
+    ) -> dict[str, Any]:
         out = dict(head)
-        timed = {k: v for k, v in seconds.items() if v}
-        out["rounds_done"] = {k: len(v) for k, v in seconds.items()}
+        timed = timed_only(seconds)
+        out["rounds_done"] = {k: len(timed.get(k, [])) for k in seconds}
         out["images_per_s"] = {k: round(n / statistics.median(v), 1) for k, v in timed.items()}
         eager = seconds.get("eager", [])
         speedups = {}
         for name in VARIANTS:
-            pairs = list(zip(eager, seconds.get(name, []), strict=False))
+            pairs = paired(eager, seconds.get(name, []))
             if name != "eager" and pairs:
                 speedups[name] = round(statistics.median(a / b for a, b in pairs), 3)
         out["over_eager"] = speedups
@@ -120,4 +122,5 @@ def speed(model_name: str, ctx: Context) -> dict[str, Any]:
             "forward_cost": round(FORWARD_COST, 3),
         },
     }
-    return measure(builders, deterministic, head, len(y), ctx, _summary(model_name))
+    compiled = frozenset(name for name, (compile, _) in VARIANTS.items() if compile)
+    return measure(builders, deterministic, head, len(y), ctx, _summary(model_name), compiled)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import statistics
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,10 +36,12 @@ from gpu_check_parts import (
     Size,
     cifar_shaped,
     paced,
+    paired,
     peak_mib,
     reset_peak,
     rotation,
     timed,
+    timed_only,
 )
 from gpu_check_reference import _reference
 from gpu_check_runner import Context
@@ -72,16 +75,24 @@ def augment_of(model_name: str) -> Augment:
 @contextlib.contextmanager
 def _modes(deterministic: bool, benchmark: bool) -> Iterator[None]:
     """torch's kernel choice for one variant, restored after: the pipeline runs with
-    deterministic algorithms (``seeding.seed_everything`` on CUDA); the reference's
-    run_swag.py sets ``cudnn.benchmark = True`` and leaves determinism off."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    deterministic algorithms and without their NaN fill of every new allocation
+    (``seeding.deterministic_kernels`` on CUDA); the reference's run_swag.py sets
+    ``cudnn.benchmark = True`` and leaves determinism off."""
+    fill = torch.utils.deterministic
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.benchmark,
+        fill.fill_uninitialized_memory,
+    )
     torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.benchmark = benchmark
+    fill.fill_uninitialized_memory = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark = before[1]
+        fill.fill_uninitialized_memory = before[2]
 
 
 def _ours(
@@ -212,24 +223,26 @@ def _error(err: BaseException) -> dict[str, str]:
     }
 
 
-def _summary(head: dict[str, Any], n: int, seconds: dict[str, list[float]]) -> dict[str, Any]:
+def _summary(
+    head: dict[str, Any], n: int, seconds: dict[str, list[float | None]]
+) -> dict[str, Any]:
     """``head`` with images/s and the ratios of the rounds timed so far."""
     out = dict(head)
-    timed_ = {k: v for k, v in seconds.items() if v}
-    out["rounds_done"] = {k: len(v) for k, v in seconds.items()}
+    timed_ = timed_only(seconds)
+    out["rounds_done"] = {k: len(timed_.get(k, [])) for k in seconds}
     out["images_per_s"] = {k: round(n / statistics.median(v), 1) for k, v in timed_.items()}
     out["images_per_s_range"] = {
         k: [round(n / max(v), 1), round(n / min(v), 1)] for k, v in timed_.items()
     }
     for other, key, goal in GOALS:
         out[f"goal_{key}"] = goal
-        pairs = list(zip(seconds.get("ours", []), seconds.get(other, []), strict=False))
+        pairs = paired(seconds.get("ours", []), seconds.get(other, []))
         if pairs:
             ratios = [b / a for a, b in pairs]
             out[key] = round(statistics.median(ratios), 3)
             out[f"{key}_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
             out[f"{key}_goal_met"] = out[key] >= goal
-    pairs = list(zip(seconds.get("ours", []), seconds.get("ours_streamed", []), strict=False))
+    pairs = paired(seconds.get("ours", []), seconds.get("ours_streamed", []))
     if pairs:  # images/s streamed over in memory: the copies hidden behind the compute
         ratios = [a / b for a, b in pairs]
         out["streamed_over_in_memory"] = round(statistics.median(ratios), 3)
@@ -271,7 +284,7 @@ def throughput(model_name: str, ctx: Context) -> dict[str, Any]:
     return measure(builders, DETERMINISTIC, head, len(y), ctx, _summary)
 
 
-Summary = Callable[[dict[str, Any], int, dict[str, list[float]]], dict[str, Any]]
+Summary = Callable[[dict[str, Any], int, dict[str, list[float | None]]], dict[str, Any]]
 
 
 def measure(
@@ -281,16 +294,24 @@ def measure(
     n: int,
     ctx: Context,
     summary: Summary,
+    late: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Build each variant and run its warm-up epoch (its peak memory, and its
     compilation where it compiles: ``warm_up_s``), then time rounds of one epoch of
-    each, the order rotated; ``summary(head, n, seconds)`` is reported after each."""
+    each, the order rotated; ``summary(head, n, seconds)`` is reported after each.
+
+    The ``late`` variants (those that compile: minutes for a deep network, cold) are
+    built after one round of the others is timed, so a part cut at its box during a
+    compilation still has the others' numbers; they join from the next round, and a
+    round they missed is ``None`` in their list (``timed_only``, ``paired``)."""
     device = torch.device(ctx.device)
     head = dict(head, peak_mib={}, warm_up_s={})
     skipped: dict[str, str] = {}
     failed: dict[str, dict[str, str]] = {}
     runs: dict[str, Epoch] = {}
-    seconds: dict[str, list[float]] = {}
+    seconds: dict[str, list[float | None]] = {}
+    rounds = Size.of(ctx).rounds
+    done = 0
 
     def report() -> dict[str, Any]:
         extra = {"skipped": skipped} if skipped else {}
@@ -298,33 +319,56 @@ def measure(
         ctx.report(found)
         return found
 
-    for name, build in builders.items():  # build, then a warm-up epoch: its own footprint
+    def build(name: str) -> None:  # then a warm-up epoch: its own footprint
         det = deterministic[name]
         try:
             with _modes(det, not det):
                 resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
                 reset_peak(device)
-                fn = build()
+                fn = builders[name]()
                 if isinstance(fn, str):
                     skipped[name] = fn
-                    continue
+                    return
                 head["warm_up_s"][name] = round(timed(fn, device), 2)
                 found = peak_mib(device)
                 head["peak_mib"][name] = (
                     None if found is None else round(found - resident / 2**20, 1)
                 )
-                runs[name], seconds[name] = fn, []
+                runs[name], seconds[name] = fn, [None] * done
         except Exception as err:  # this variant's error; the others still run
             failed[name] = _error(err)
         report()
-    for r in paced(Size.of(ctx).rounds, ctx.left):
-        for name in rotation(list(runs), r):
-            det = deterministic[name]
-            try:
-                with _modes(det, not det):
-                    seconds[name].append(timed(runs[name], device))
-            except Exception as err:
-                failed[name] = _error(err)
-                del runs[name]
-        report()
+
+    def timed_rounds(count: int, longest: float = 0.0) -> float:
+        """``count`` more rounds (fewer where the box would not hold one more); the
+        longest one's seconds."""
+        nonlocal done
+        for _ in paced(count, ctx.left, longest=longest):
+            started = time.monotonic()
+            for name in rotation(list(runs), done):
+                det = deterministic[name]
+                try:
+                    with _modes(det, not det):
+                        seconds[name].append(timed(runs[name], device))
+                except Exception as err:
+                    failed[name] = _error(err)
+                    del runs[name]
+            for name in runs:  # a variant that failed this round keeps what it had
+                seconds[name] += [None] * (done + 1 - len(seconds[name]))
+            done += 1
+            longest = max(longest, time.monotonic() - started)
+            report()
+        return longest
+
+    early = [name for name in builders if name not in late]
+    for name in early:
+        build(name)
+    longest = timed_rounds(1) if late and rounds > 1 else 0.0
+    before = len(runs)
+    for name in builders:
+        if name in late:
+            build(name)
+    if longest and before:  # a round of every variant, from one of the others
+        longest *= len(runs) / before
+    timed_rounds(rounds - done, longest)
     return report()

@@ -107,26 +107,43 @@ SPEED = {
 SPEED["preresnet164"] = ("", "PreResNet-164")
 
 
+def _timed(part: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The numbers of a speed part: its result, or what a part cut at its time box (or
+    dead) had reported (``partial``), with a note saying so."""
+    if "partial" not in part:
+        return part, ""
+    rounds = max(part["partial"].get("rounds_done", {}).values(), default=0)
+    why = "cut at its time box" if "timed out" in part.get("error", "") else "stopped"
+    return part["partial"], f" ({why} after {rounds} round{'s' * (rounds != 1)})"
+
+
 def _speed(found: dict[str, Any], model: str) -> str:
     part = found.get(f"speed.{model}")
     if part is None:
         return "not run yet (`--speed`)"
-    ups = part.get("over_eager", {})
+    done, cut = _timed(part)
+    ups = done.get("over_eager", {})
     if not ups:
+        timed = done.get("images_per_s", {})
+        if "eager" in timed:
+            return f"eager {timed['eager']:.0f} img/s, no other variant timed{cut}"
         return f"failed: {part.get('error', 'no variant timed').split(':')[0]}"
     cells = [f"{name} {up:.2f}x" for name, up in sorted(ups.items(), key=lambda kv: -kv[1])]
-    met = f" ({_met(part['goal_met'])})" if "goal_met" in part else ""
-    return f"{'; '.join(cells)}{met}; eager {part['images_per_s']['eager']:.0f} img/s"
+    met = f" ({_met(done['goal_met'])})" if "goal_met" in done else ""
+    return f"{'; '.join(cells)}{met}; eager {done['images_per_s']['eager']:.0f} img/s{cut}"
 
 
 def _protocol(found: dict[str, Any]) -> str:
-    part = found.get("speed.preresnet164", {})
-    if "protocol_hours" not in part:
+    part = found.get("speed.preresnet164")
+    if part is None:
         return "not run yet (`--speed`)"
-    hours = part["protocol_hours"]
+    done, cut = _timed(part)
+    if "protocol_hours" not in done:
+        return f"not measured{cut or ': ' + part.get('error', 'no reference').split(':')[0]}"
+    hours = done["protocol_hours"]
     return (
-        f"{part['protocol_reference_over_ours']:.1f}x ({_met(part['protocol_goal_met'])}): "
-        f"{hours['ours']:.1f} h vs {hours['reference_swag_code']:.1f} h"
+        f"{done['protocol_reference_over_ours']:.1f}x ({_met(done['protocol_goal_met'])}): "
+        f"{hours['ours']:.1f} h vs {hours['reference_swag_code']:.1f} h{cut}"
     )
 
 

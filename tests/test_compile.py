@@ -116,3 +116,24 @@ def test_each_instruction_set_pin_gets_its_own_kernel_cache() -> None:
     # this test process was pinned (conftest) before torch loaded: its cache is keyed
     pinned = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
     assert os.environ[CACHE_ENV].endswith(f"bayesavg-{pinned}")
+
+
+def test_an_epoch_already_compiled_gathers_no_warm_up_batches() -> None:
+    """Every later epoch of a compiled run skips the warm-up outright: gathering its
+    batches (normalised, channels-last; a host read for streamed data) would be work the
+    eager loop does not do, counted against compiled steps."""
+    from bayesavg.training.compiled import CompiledStep
+    from bayesavg.training.train import StepContext
+
+    class Untouchable:
+        y = torch.zeros(100, dtype=torch.long)
+
+        def __len__(self) -> int:
+            return 100
+
+        def batch(self, idx: torch.Tensor) -> None:
+            raise AssertionError("a warm-up batch was gathered again")
+
+    compiled = CompiledStep(torch.nn.Linear(4, 3))
+    compiled.warmed.add((100, 32))
+    assert compiled.warm_up_epoch(None, Untouchable(), 32, 4, StepContext()) == 0.0  # type: ignore[arg-type]

@@ -7,11 +7,13 @@ CPU (one cheap part here, all of them in the slow test)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +399,65 @@ def test_paced_rounds_stop_where_another_would_not_fit() -> None:
     assert done == [0, 1]  # the third would need 1.5 x 0.2 + 2 s > 2.2 s
 
 
+def test_an_estimate_from_earlier_rounds_guards_the_first_round_too() -> None:
+    from gpu_check_parts import paced
+
+    assert list(paced(3, lambda: 10.0, reserve=2.0, longest=6.0)) == []  # 11 s > 10 s
+    assert list(paced(1, lambda: 10.0, reserve=2.0, longest=5.0)) == [0]  # 9.5 s fits
+
+
+def test_compiling_variants_join_after_a_round_of_the_others(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cold compile of a deep network can outlast the part's box: the other variants'
+    numbers are timed and reported before it starts. A round a late variant missed is
+    ``None``, and its ratios pair only the rounds both timed."""
+    import gpu_check_throughput
+    from gpu_check_parts import Size
+    from gpu_check_runner import Context
+    from gpu_check_speed import _summary
+
+    monkeypatch.setattr(
+        Size, "of", classmethod(lambda cls, ctx: dataclasses.replace(Size.quick(), rounds=3))
+    )
+    events: list[str] = []
+    reports: list[dict[str, Any]] = []
+
+    def builder(name: str, seconds: float) -> Callable[[], Callable[[], None]]:
+        def build() -> Callable[[], None]:
+            events.append(f"build {name}")
+            return lambda: (events.append(name), time.sleep(seconds))
+
+        return build
+
+    builders = {
+        "eager": builder("eager", 0.06),
+        "compiled": builder("compiled", 0.01),
+        "graphs": builder("graphs", 0.01),
+    }
+    ctx = Context("cpu", True, time.time() + 60, tmp_path / "r.json")
+    monkeypatch.setattr(ctx, "report", reports.append)
+    found = gpu_check_throughput.measure(
+        builders,
+        dict.fromkeys(builders, True),
+        {},
+        100,
+        ctx,
+        _summary("preresnet20"),
+        frozenset({"compiled"}),
+    )
+    first_round = events[: events.index("build compiled")]
+    # each built with its warm-up epoch, then a timed round of both, before any compile
+    assert first_round == ["build eager", "eager", "build graphs", "graphs", "eager", "graphs"]
+    # reported after each build and each round: eager, graphs, round 0, then compiled
+    assert reports[2]["rounds_done"] == {"eager": 1, "graphs": 1}
+    assert reports[2]["images_per_s"].keys() == {"eager", "graphs"}
+    assert found["rounds_done"] == {"eager": 3, "graphs": 3, "compiled": 2}
+    assert (
+        set(found["over_eager"]) == {"compiled", "graphs"} and found["over_eager"]["compiled"] > 1
+    )
+
+
 def test_toy_pipeline_params_are_valid() -> None:
     from gpu_check_pipeline import toy_pipeline
 
@@ -594,6 +655,25 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     assert _protocol(found) == "6.2x (met): 2.0 h vs 12.5 h"
     assert _speed({"speed.preresnet20": {"error": "OutOfMemoryError: x"}}, "preresnet20") == (
         "failed: OutOfMemoryError"
+    )
+    cut = {
+        "error": "timed out after 99 s (its time box)",
+        "partial": {**part, "rounds_done": {"eager": 1}},
+    }
+    assert _speed({"speed.preresnet20": cut}, "preresnet20") == (
+        "compiled_graphs 3.00x; graphs 2.50x; compiled 1.50x (met); eager 1000 img/s "
+        "(cut at its time box after 1 round)"
+    )
+    assert _protocol({"speed.preresnet164": cut}).endswith("(cut at its time box after 1 round)")
+    early = {
+        "error": "timed out",
+        "partial": {"images_per_s": {"eager": 900.0}, "rounds_done": {"eager": 2}},
+    }
+    assert _speed({"speed.preresnet20": early}, "preresnet20") == (
+        "eager 900 img/s, no other variant timed (cut at its time box after 2 rounds)"
+    )
+    assert _protocol({"speed.preresnet164": early}) == (
+        "not measured (cut at its time box after 2 rounds)"
     )
 
 

@@ -97,8 +97,11 @@ class CompiledStep:
         self, step: Step, data: Tensors | TrainData, batch_size: int, iters: int, ctx: StepContext
     ) -> float:
         """Compile ``step`` for an epoch's batch shapes: the full batch and the last one
-        (this rank's shares of them), on the first examples, not augmented."""
+        (this rank's shares of them), on the first examples, not augmented. Nothing is
+        gathered once they are compiled (every later epoch)."""
         n = len(data)
+        if (n, batch_size) in self.warmed:
+            return 0.0
         device = data.y.device
         sizes = dict.fromkeys([min(batch_size, n), n - (iters - 1) * batch_size])
         batches, weights = [], []

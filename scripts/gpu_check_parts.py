@@ -168,18 +168,6 @@ def paced(
         longest = max(longest, time.monotonic() - started)
 
 
-def timed_only(seconds: dict[str, list[float | None]]) -> dict[str, list[float]]:
-    """Each variant's timed rounds (``None``: a round it missed), for those with any."""
-    found = {k: [t for t in v if t is not None] for k, v in seconds.items()}
-    return {k: v for k, v in found.items() if v}
-
-
-def paired(a: list[float | None], b: list[float | None]) -> list[tuple[float, float]]:
-    """The rounds both variants timed, as (a, b): per-round ratios compare the two on
-    the same round only."""
-    return [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
-
-
 def rotation(names: list[str], r: int) -> list[str]:
     """Round ``r``'s order: rotated by one each round (load drift hits every variant)."""
     return names[r % len(names) :] + names[: r % len(names)]

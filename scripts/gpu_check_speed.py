@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from gpu_check_parts import Size, cifar_shaped, paired, timed_only
+from gpu_check_parts import Size, cifar_shaped
 from gpu_check_runner import Context
-from gpu_check_throughput import Epoch, Summary, _ours, _reference, measure
+from gpu_check_throughput import Epoch, Summary, _ours, _reference, measure, paired, timed_only
 
 from bayesavg.training.precision import Precision
 

@@ -36,12 +36,10 @@ from gpu_check_parts import (
     Size,
     cifar_shaped,
     paced,
-    paired,
     peak_mib,
     reset_peak,
     rotation,
     timed,
-    timed_only,
 )
 from gpu_check_reference import _reference
 from gpu_check_runner import Context
@@ -221,6 +219,18 @@ def _error(err: BaseException) -> dict[str, str]:
         "error": f"{type(err).__name__}: {err}"[:1000],
         "traceback": traceback.format_exc()[-3000:],
     }
+
+
+def timed_only(seconds: dict[str, list[float | None]]) -> dict[str, list[float]]:
+    """Each variant's timed rounds (``None``: a round it missed), for those with any."""
+    found = {k: [t for t in v if t is not None] for k, v in seconds.items()}
+    return {k: v for k, v in found.items() if v}
+
+
+def paired(a: list[float | None], b: list[float | None]) -> list[tuple[float, float]]:
+    """The rounds both variants timed, as (a, b): per-round ratios compare the two on
+    the same round only."""
+    return [(x, y) for x, y in zip(a, b, strict=False) if x is not None and y is not None]
 
 
 def _summary(

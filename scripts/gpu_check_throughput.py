@@ -362,9 +362,7 @@ def measure(
                         seconds[name].append(timed(runs[name], device))
                 except Exception as err:
                     failed[name] = _error(err)
-                    del runs[name]
-            for name in runs:  # a variant that failed this round keeps what it had
-                seconds[name] += [None] * (done + 1 - len(seconds[name]))
+                    del runs[name]  # its list keeps the rounds it timed
             done += 1
             longest = max(longest, time.monotonic() - started)
             report()

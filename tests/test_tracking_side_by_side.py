@@ -68,3 +68,39 @@ def test_the_lock_is_one_per_store_and_name_and_held_across_processes(tmp_path: 
     assert proc.wait(timeout=60) == 0
     with serialized(uri, "other"), serialized(uri, "k"):  # free again, and per name
         pass
+
+
+# Read a count, wait, write it plus one: without mutual exclusion increments are lost.
+COUNTER = """
+import pathlib, sys, time
+from bayesavg.tracking.serialized import serialized
+uri, count = sys.argv[1], pathlib.Path(sys.argv[2])
+rounds, start = int(sys.argv[3]), float(sys.argv[4])
+while time.time() < start:
+    time.sleep(0.001)
+for _ in range(rounds):
+    with serialized(uri, "k"):
+        value = int(count.read_text())
+        time.sleep(0.002)
+        count.write_text(str(value + 1))
+"""
+
+
+def test_the_lock_leaves_no_file_behind_and_still_excludes(tmp_path: Path) -> None:
+    """Each holder removes the lock file as it lets go (none piles up in the temporary
+    folder), and a waiter on a removed file takes the lock again on the new one: four
+    processes incrementing a shared count 25 times each lose no increment."""
+    uri = f"sqlite:///{tmp_path / 'x.db'}"
+    with serialized(uri, "k"):
+        assert Path(lock_path(uri, "k")).exists()
+    assert not Path(lock_path(uri, "k")).exists()
+    count = tmp_path / "count"
+    count.write_text("0")
+    start = str(time.time() + 2)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", COUNTER, uri, str(count), "25", start])
+        for _ in range(4)
+    ]
+    assert [proc.wait(timeout=120) for proc in procs] == [0] * 4
+    assert count.read_text() == "100"
+    assert not Path(lock_path(uri, "k")).exists()

@@ -28,10 +28,38 @@ def lock_path(tracking_uri: str, name: str) -> str:
 @contextmanager
 def serialized(tracking_uri: str, name: str) -> Iterator[None]:
     """Hold the lock for ``name`` in ``tracking_uri`` while the block runs; released when
-    the process ends too, so a killed stage never leaves it held."""
-    fd = os.open(lock_path(tracking_uri, name), os.O_RDWR | os.O_CREAT, 0o600)
+    the process ends too, so a killed stage never leaves it held.
+
+    The holder removes the lock file before it lets go, so none is left behind in the
+    temporary folder (one per execution would pile up). A process that was waiting on
+    the removed file finds, once it holds it, that the path is no longer that file (or
+    gone) and takes the lock again on the path's current file.
+    """
+    path = lock_path(tracking_uri, name)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        try:
+            os.unlink(path)
+        finally:
+            os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the open file ``fd``."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)

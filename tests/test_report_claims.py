@@ -23,7 +23,7 @@ import test_report_dswag
 from bayesavg.report import ReportInputs, document, write_report
 from bayesavg.report.blocks import Bullets, Details, Heading, Section, TableBlock
 from bayesavg.report.claims import DSWAG_PAPER, Claim, claim_text
-from bayesavg.report.formats import interval_number
+from bayesavg.report.formats import interval_number, interval_text, signed, unsigned
 from bayesavg.report.intervals import Interval
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import (
@@ -269,11 +269,8 @@ def test_shift_number_is_the_growth_in_the_gap_table() -> None:
     best = min(gaps, key=lambda g: (-shift_measures.large_gap(g), g.predictor))
     g = best.growth
     assert g is not None and claim.holds is True
-    assert (
-        claim.number
-        == f"gap growth {g.value:+.4f} [{g.low:+.4f}, {g.high:+.4f}] ({best.predictor})"
-    )
-    assert f"{g.value:+.4f} [95% {g.low:+.4f}, {g.high:+.4f}]" in claim.evidence
+    assert claim.number == f"gap growth {interval_text(g.value, g.low, g.high)} ({best.predictor})"
+    assert f"{signed(g.value)} [95% {signed(g.low)}, {signed(g.high)}]" in claim.evidence
 
 
 def test_sharpness_number_is_the_weakest_correlation_when_it_holds() -> None:
@@ -292,3 +289,20 @@ def test_ood_number_counts_the_predictors_beyond_noise() -> None:
     assert claim.holds is True and claim.number.startswith("3 higher, 0 lower of 3 vs AUROC ")
     assert "3 are higher" in claim.evidence and "0.8000" in claim.number + claim.evidence
     assert math.isfinite(float(claim.number.rsplit(" ", 1)[1]))
+
+
+def test_a_bound_that_decides_a_verdict_never_reads_as_zero() -> None:
+    """A bound of 4e-5 is written +0.000040, not +0.0000 beside the word 'worse'; a value
+    that four decimals show is written at four; zero stays zero."""
+    assert signed(0.0123) == "+0.0123" and signed(-0.0123) == "-0.0123"
+    assert signed(4.04e-5) == "+0.000040" and signed(-3.1e-7) == "-0.00000031"
+    assert signed(0.0) == "+0.0000" and unsigned(4.04e-5) == "0.000040"
+    assert signed(float("nan")) == "+nan"
+    worse = Interval("aurc", 0.0027, 4.04e-5, 0.0076, 0.95, 1000)
+    assert worse.verdict() == "worse"
+    assert interval_number(worse) == "aurc diff +0.0027 [+0.000040, +0.0076]"
+    better = Interval("nll", -0.01, -0.02, -2e-6, 0.95, 1000)
+    assert comparisons.effect(better) == "improves NLL by 0.0100 (95% CI 0.0000020-0.0200)"
+    for low in (1e-9, 3e-6, 4.9e-5, 5e-5, 0.01):
+        text = interval_text(0.02, low, 0.03)
+        assert float(text.split("[")[1].split(",")[0]) > 0, text

@@ -30,16 +30,41 @@ def metric_scale(metric: str) -> tuple[float, int, str]:
     return (100.0, 2, " pp") if metric == "accuracy" else (1.0, 4, "")
 
 
+def signed(value: float, digits: int = 4) -> str:
+    """``value`` with its sign at ``digits`` decimals; a nonzero value those would write as
+    ±0 gets the decimals of two significant digits instead: an interval's bound that
+    decides a verdict ('worse': the low bound above 0) must not read as 0."""
+    return _fixed(value, digits, "+")
+
+
+def unsigned(value: float, digits: int = 4) -> str:
+    """``signed`` without a plus sign (an effect's size, its interval's bounds)."""
+    return _fixed(value, digits, "")
+
+
+def _fixed(value: float, digits: int, sign: str) -> str:
+    text = f"{value:{sign}.{digits}f}"
+    if value == 0 or not math.isfinite(value) or float(text) != 0:
+        return text
+    decimals = min(12, 1 - math.floor(math.log10(abs(value))))
+    return f"{value:{sign}.{decimals}f}"
+
+
+def interval_text(value: float, low: float, high: float, digits: int = 4) -> str:
+    """'+0.0123 [+0.0040, +0.0200]': a difference and its interval, each ``signed``."""
+    return f"{signed(value, digits)} [{signed(low, digits)}, {signed(high, digits)}]"
+
+
 def diff_number(
     metric: str, diff: float, low: float | None = None, high: float | None = None
 ) -> str:
     """A difference as a claim's deciding number: 'NLL diff -0.0123 [-0.0200, -0.0040]'
     (accuracy in pp), or '..., no CI' without an interval."""
     scale, digits, unit = metric_scale(metric)
-    text = f"{LABELS.get(metric, metric)} diff {scale * diff:+.{digits}f}{unit}"
+    text = f"{LABELS.get(metric, metric)} diff {signed(scale * diff, digits)}{unit}"
     if low is None or high is None:
         return f"{text}, no CI"
-    return f"{text} [{scale * low:+.{digits}f}, {scale * high:+.{digits}f}]"
+    return f"{text} [{signed(scale * low, digits)}, {signed(scale * high, digits)}]"
 
 
 def interval_number(interval: Interval) -> str:

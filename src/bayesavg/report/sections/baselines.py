@@ -9,7 +9,7 @@ import torch
 
 from ..blocks import Heading, Paragraph, Section, claim_bullets
 from ..claims import BMA_PAPER, MULTISWAG_PAPER, Claim
-from ..formats import interval_number
+from ..formats import interval_number, interval_text
 from ..inputs import PredictorResult, ReportInputs
 from ..intervals import Interval, resample_counts
 from ..uncertainty import Uncertainty
@@ -88,7 +88,7 @@ def _shift_claim(inputs: ReportInputs, unc: Uncertainty) -> Claim | None:
         )
     value, low, high, n_shifts, n_points = found
     holds = True if low > 0 else False if high < 0 else None
-    number = f"gap growth {value:+.4f} [{low:+.4f}, {high:+.4f}]"
+    number = f"gap growth {interval_text(value, low, high)}"
     evidence = (
         f"NLL(ensemble) - NLL(multiswag) averaged over {n_shifts} shifts minus the same on "
         f"the unshifted images, paired over {n_points} images: {number}"

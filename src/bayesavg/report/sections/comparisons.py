@@ -18,7 +18,7 @@ from ..blocks import (
     bullets_or,
 )
 from ..claims import FLAT_PAPER, HWA_PAPER, Claim
-from ..formats import LABELS, diff_number, interval_number, metric_scale
+from ..formats import LABELS, diff_number, interval_number, metric_scale, unsigned
 from ..inputs import PredictorResult, ReportInputs
 from ..intervals import LOWER_IS_BETTER, Interval
 from ..uncertainty import Comparison, Uncertainty
@@ -95,8 +95,8 @@ def effect(interval: Interval, extra: str = "") -> str:
     word = "improves" if verdict == "better" else "worsens"
     level = f"{100 * interval.level:g}% CI"
     return (
-        f"{word} {label} by {sign * scale * interval.diff:.{digits}f}{unit} "
-        f"({level} {low:.{digits}f}-{high:.{digits}f}{unit}{more})"
+        f"{word} {label} by {unsigned(sign * scale * interval.diff, digits)}{unit} "
+        f"({level} {unsigned(low, digits)}-{unsigned(high, digits)}{unit}{more})"
     )
 
 

@@ -19,7 +19,7 @@ from ..blocks import (
     TableBlock,
 )
 from ..claims import DSWAG_PAPER, Claim, claim_text
-from ..formats import LABELS, with_interval
+from ..formats import LABELS, interval_text, with_interval
 from ..inputs import PredictorResult, ReportInputs
 from ..intervals import LOWER_IS_BETTER
 from ..uncertainty import Uncertainty
@@ -52,7 +52,7 @@ def ranking_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
             diff, verdict = "n/a", "no interval: no per-point predictions"
         else:
             iv = comp.intervals["nll"]
-            diff = f"{iv.diff:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]"
+            diff = interval_text(iv.diff, iv.low, iv.high)
             verdict = {"better": "better", "worse": "worse"}.get(iv.verdict(), "within noise")
         rows.append(
             [

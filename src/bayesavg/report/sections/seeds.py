@@ -16,7 +16,7 @@ import torch
 
 from ..blocks import Cell, Heading, Paragraph, Section, Table, TableBlock, claim_bullets
 from ..claims import BMA_PAPER, MULTISWAG_PAPER, Claim
-from ..formats import LABELS, metric_scale, with_interval
+from ..formats import LABELS, interval_text, metric_scale, with_interval
 from ..inputs import ReportInputs, SeedRun
 from ..intervals import Interval, paired_bootstrap
 from ..uncertainty import Uncertainty
@@ -87,7 +87,7 @@ def seeds_claim(
     holds = True if better == n else False if worse else None
     number = f"better in {better} of {n} seeds; NLL diff {mean:+.4f} ± {std:.4f}"
     detail = "; ".join(
-        f"seed {r.seed}: {t.diff:+.4f} [{t.low:+.4f}, {t.high:+.4f}]"
+        f"seed {r.seed}: {interval_text(t.diff, t.low, t.high)}"
         for r, t in zip(inputs.seeds, tests, strict=True)
         if t is not None
     )

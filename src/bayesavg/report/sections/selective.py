@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from ...evaluation.selective import risk_coverage
 from .. import style
 from ..blocks import Block, Cell, Heading, Paragraph, Section, Table, TableBlock, figure
-from ..formats import with_interval
+from ..formats import interval_text, with_interval
 from ..inputs import PredictorResult, ReportInputs
 from ..intervals import SELECTIVE
 from ..uncertainty import Uncertainty
@@ -106,7 +106,7 @@ def table(inputs: ReportInputs, unc: Uncertainty) -> Table:
             iv = comp.intervals["aurc"]
             verdict = iv.verdict()
             row += [
-                Cell(f"{iv.diff:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]"),
+                Cell(interval_text(iv.diff, iv.low, iv.high)),
                 Cell(verdict, verdict == "better"),
             ]
         rows.append(row)

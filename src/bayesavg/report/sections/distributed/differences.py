@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ...formats import LABELS, diff_number, pct
+from ...formats import signed as signed_number
 from ...inputs import PredictorResult
 from ...intervals import Interval
 from ...stats import accuracy_interval
@@ -54,7 +55,7 @@ def difference(
     scale, digits, unit = (100.0, 2, " pp") if acc else (1.0, 4, "")
 
     def signed(v: float) -> str:
-        return f"{scale * v:+.{digits}f}"
+        return signed_number(scale * v, digits)
 
     values = f"{pct(ours)} vs {pct(theirs)}" if acc else f"{ours:.4f} vs {theirs:.4f}"
     text = f"{label} {values} ("

@@ -18,7 +18,7 @@ from ...blocks import (
     figure,
 )
 from ...claims import BMA_PAPER, Claim
-from ...formats import fmt_or_dash
+from ...formats import fmt_or_dash, interval_text, signed
 from ...inputs import ReportInputs
 from ...uncertainty import Uncertainty, per_inputs
 from .figures import shift_figure, shift_gap_figure
@@ -84,9 +84,10 @@ def _shift_claim(inputs: ReportInputs, gaps: list[ShiftGap]) -> Claim:
     verdicts = [growth_verdict(x) for x in gaps]
     counts = f"{verdicts.count(True)} of {len(gaps)} Bayesian predictors grow beyond noise"
     text += (
-        f"; growth {g.value:+.4f} [95% {g.low:+.4f}, {g.high:+.4f}] (paired bootstrap); {counts}."
+        f"; growth {signed(g.value)} [95% {signed(g.low)}, {signed(g.high)}] (paired bootstrap); "
+        f"{counts}."
     )
-    number = f"gap growth {g.value:+.4f} [{g.low:+.4f}, {g.high:+.4f}] ({best.predictor})"
+    number = f"gap growth {interval_text(g.value, g.low, g.high)} ({best.predictor})"
     return Claim(BMA_PAPER, statement, growth_verdict(best), text, number)
 
 
@@ -110,7 +111,7 @@ def _shift_table(inputs: ReportInputs) -> Table | None:
 
 def _gap_table(gaps: list[ShiftGap]) -> Table:
     def interval(iv: Range | None) -> str:
-        return f"{iv.value:+.4f} [{iv.low:+.4f}, {iv.high:+.4f}]" if iv else "-"
+        return interval_text(iv.value, iv.low, iv.high) if iv else "-"
 
     verdict = {True: "grows", False: "shrinks", None: "within noise / no interval"}
     rows = [

@@ -274,8 +274,15 @@ def tracked(
         "git_commit": commit,
         "dvc_stage": os.environ.get("DVC_STAGE") or stage,
         "seed": str(p.seed),
-        "dvc_exp_name": os.environ.get("DVC_EXP_NAME", ""),
-        "dvc_exp_baseline_rev": os.environ.get("DVC_EXP_BASELINE_REV", ""),
+        # only under `dvc exp run` (an empty tag is noise in the UI's tag column)
+        **{
+            tag: os.environ[env]
+            for tag, env in (
+                ("dvc_exp_name", "DVC_EXP_NAME"),
+                ("dvc_exp_baseline_rev", "DVC_EXP_BASELINE_REV"),
+            )
+            if os.environ.get(env)
+        },
         "command": " ".join(sys.argv),
         # what the bytes depend on besides params and code (torch stages only)
         **(

@@ -64,6 +64,6 @@ def described(pid: int, started: float, exp: str, source: str) -> dict[str, str]
     return {
         "key": f"{socket.gethostname()}:{pid}:{int(started * 1000)}:{exp}",
         "name": exp or f"dvc repro {when}",
-        "dvc_exp_name": exp,
+        **({"dvc_exp_name": exp} if exp else {}),
         "mlflow.source.name": source,
     }

@@ -451,6 +451,7 @@ def test_mlflow_runs(repo: Path) -> None:
         assert run.info.status == "FINISHED"
         assert run.data.tags["dvc_stage"] == dvc_stage(name)
         assert len(run.data.tags["git_commit"]) >= 40
+        assert "dvc_exp_name" not in run.data.tags, "an empty tag outside dvc exp run"
         record = json.loads((repo / f"runs/{name}.json").read_text())
         assert record["run_id"] == run.info.run_id and record["dvc_stage"] == dvc_stage(name)
     swag = by_name["evaluate@swag"]

@@ -215,3 +215,6 @@ def test_every_stage_joins_the_runner_s_execution(monkeypatch: pytest.MonkeyPatc
     assert found == json.loads(named)
     assert found["name"].startswith("dvc repro ") and found["mlflow.source.name"] == "dvc repro"
     assert found["bayesavg.runner"] == "scripts/repro.py --jobs 2"
+    # no empty tag outside `dvc exp run`; the experiment's name inside it
+    assert "dvc_exp_name" not in found and all(found.values())
+    assert _execution.described(1, 0.0, "wide", "dvc exp")["dvc_exp_name"] == "wide"

@@ -20,7 +20,8 @@ from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import PosteriorFile
 from bayesavg.seeding import derive_seed, generator
 from bayesavg.training.schedules import lr_at
-from bayesavg.training.train import Tensors, sgd, train
+from bayesavg.training.steps import sgd
+from bayesavg.training.train import Tensors, train
 
 SEED = 0
 INPUT_SHAPE = (1, 28, 28)

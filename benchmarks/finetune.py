@@ -29,7 +29,8 @@ from torch import nn
 from bayesavg.posteriors import SWAG
 from bayesavg.seeding import generator
 from bayesavg.training.schedules import lr_at
-from bayesavg.training.train import Tensors, sgd, train
+from bayesavg.training.steps import sgd
+from bayesavg.training.train import Tensors, train
 
 FINETUNE_LR = 0.01
 TARGET_OVERHEAD = 0.05

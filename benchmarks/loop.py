@@ -82,7 +82,8 @@ def bench_compile(name: str, rounds: int, quick: bool) -> dict[str, Any]:
     from timing import Outcome, interleave, ratio, ratio_fields, rounded
 
     from bayesavg.training.compiled import CompiledStep
-    from bayesavg.training.train import sgd, train
+    from bayesavg.training.steps import sgd
+    from bayesavg.training.train import train
 
     data = _train_data(name, quick)
     runs: dict[str, Callable[[], Outcome]] = {}
@@ -189,7 +190,8 @@ def bench_monitoring(rounds: int, quick: bool) -> dict[str, Any]:
     from bayesavg.training.batches import Tensors, TrainData
     from bayesavg.training.batchnorm import update_bn
     from bayesavg.training.monitoring import Monitoring
-    from bayesavg.training.train import loss_and_accuracy, sgd, train
+    from bayesavg.training.steps import sgd
+    from bayesavg.training.train import loss_and_accuracy, train
 
     scale = 8 if quick else 1
     n_train, n_val, n_test = 4500 // scale, 500 // scale, 1000 // scale

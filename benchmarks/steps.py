@@ -14,7 +14,8 @@ from torch import nn
 
 from bayesavg.posteriors import HWA, MeanFieldVI, svi_step
 from bayesavg.training.sam import sam_step
-from bayesavg.training.train import Tensors, sgd, sgd_step
+from bayesavg.training.steps import sgd, sgd_step
+from bayesavg.training.train import Tensors
 from bayesavg.trajectories.sgld import SGLD
 
 KINDS = ("sgd", "sam", "sgld", "svi", "svi+hwa")

@@ -47,7 +47,7 @@ def _variants(x: Any, y: Any, mapped: Any, train: bool) -> dict[str, Any]:
 
     from bayesavg.training.augment import Augment, draw_epoch
     from bayesavg.training.batches import Order, StreamedData, TrainData, epoch_bounds
-    from bayesavg.training.train import sgd
+    from bayesavg.training.steps import sgd
     from bayesavg.training.train import train as train_loop
 
     augment = Augment(crop_padding=4, flip=True)

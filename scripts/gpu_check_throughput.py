@@ -52,7 +52,8 @@ from bayesavg.training.batches import StreamedData, TrainData, batches_per_epoch
 from bayesavg.training.compiled import CompiledStep
 from bayesavg.training.graphs import GraphStep
 from bayesavg.training.precision import Precision
-from bayesavg.training.train import Compute, StepContext, train
+from bayesavg.training.steps import StepContext
+from bayesavg.training.train import Compute, train
 from bayesavg.trajectories import gradient
 
 # The input and the augmentation each network is trained with: CIFAR's crop (padding 4)

@@ -123,7 +123,7 @@ def test_an_epoch_already_compiled_gathers_no_warm_up_batches() -> None:
     batches (normalised, channels-last; a host read for streamed data) would be work the
     eager loop does not do, counted against compiled steps."""
     from bayesavg.training.compiled import CompiledStep
-    from bayesavg.training.train import StepContext
+    from bayesavg.training.steps import StepContext
 
     class Untouchable:
         y = torch.zeros(100, dtype=torch.long)

@@ -24,7 +24,8 @@ from bayesavg.training.augment import Augment
 from bayesavg.training.flat import params_vector
 from bayesavg.training.precision import Precision, precision_for
 from bayesavg.training.schedules import lr_at
-from bayesavg.training.train import Compute, StepContext, sgd_step
+from bayesavg.training.steps import StepContext, sgd_step
+from bayesavg.training.train import Compute
 from bayesavg.trajectories import finetune, pretrain_members, run
 
 

@@ -27,7 +27,8 @@ from bayesavg.posteriors.vi import MeanFieldVI, svi_step
 from bayesavg.training.augment import Augment, draw_epoch
 from bayesavg.training.batches import Tensors, TrainData
 from bayesavg.training.sam import sam_step
-from bayesavg.training.train import StepContext, loss_and_accuracy, sgd_step
+from bayesavg.training.steps import StepContext, sgd_step
+from bayesavg.training.train import loss_and_accuracy
 
 SRC = Path(bayesavg.__file__).parent
 FACTORIES = {

@@ -24,7 +24,7 @@ from bayesavg.posteriors import MeanFieldVI, svi_step
 from bayesavg.posteriors.file import PosteriorFile, save_posterior
 from bayesavg.training.graphs import WARM_UP, GraphStep, rate_dtype, unsupported
 from bayesavg.training.optim import SGD, Adam
-from bayesavg.training.train import StepContext, sgd_step
+from bayesavg.training.steps import StepContext, sgd_step
 from bayesavg.trajectories import finetune
 
 CPU = torch.device("cpu")

@@ -87,7 +87,7 @@ def test_an_overflowing_fp16_gradient_gives_no_ascent_and_a_skipped_step() -> No
     The ascent must then be zero (theta + inf - inf would leave NaN in the weights, which
     the scaler's skipped update does not undo), and the step is skipped as usual."""
     from bayesavg.training.optim import SGD
-    from bayesavg.training.train import StepContext
+    from bayesavg.training.steps import StepContext
 
     model = _model()
     x, y = _data()
@@ -113,7 +113,7 @@ def test_an_overflowing_fp16_gradient_gives_no_ascent_and_a_skipped_step() -> No
 def test_the_ascent_unscales_on_the_device_without_reading_the_scale() -> None:
     """SAM's ascent direction under fp16's scaler is the unscaled gradient, bitwise,
     with the scale never read on the host (``get_scale()``: a sync every step)."""
-    from bayesavg.training.train import StepContext
+    from bayesavg.training.steps import StepContext
 
     model = _model()
     x, y = _data()

@@ -17,7 +17,8 @@ from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file
 from bayesavg.training.batches import Tensors
 from bayesavg.training.schedules import lr_at
-from bayesavg.training.train import sgd, train
+from bayesavg.training.steps import sgd
+from bayesavg.training.train import train
 from bayesavg.trajectories import finetune, pretrain
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -177,7 +177,7 @@ def test_an_overflowing_fp16_gradient_gives_f_vi_no_ascent() -> None:
     """F-VI's ascent under fp16's loss scaler: an overflowing probe gradient must not put
     inf or NaN into the perturbed network (the loss stays finite; the scaler skips)."""
     from bayesavg.posteriors.vi import svi_step
-    from bayesavg.training.train import StepContext
+    from bayesavg.training.steps import StepContext
 
     torch.manual_seed(0)
     vi = MeanFieldVI(nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 3)), 0.01)

@@ -109,7 +109,7 @@ def svi_step(
     mask and BatchNorm statistics left untouched.
     """
     from ..training.sam import finite_or_zero, replayed_rng
-    from ..training.train import PLAIN, StepContext
+    from ..training.steps import PLAIN, StepContext
 
     def step(vi: MeanFieldVI, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN) -> tuple:
         nll = torch.zeros((), device=x.device)

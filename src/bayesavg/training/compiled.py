@@ -31,7 +31,7 @@ from ..seeding import rng_state, set_rng_state
 from .batches import Tensors, TrainData, shard
 
 if TYPE_CHECKING:
-    from .train import Step, StepContext
+    from .steps import Step, StepContext
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def rate_dtype(optimizer: Optimizer, device: torch.device) -> torch.dtype:
 class GraphStep:
     """One graph-ready training step of ``model`` with ``optimizer``; captured on CUDA.
 
-    ``step(module, x, y, ctx)`` is the loop's step (``train.Step``); the running
+    ``step(module, x, y, ctx)`` is the loop's step (``steps.Step``); the running
     sums ``loss_sum`` (float64, loss times batch size) and ``correct`` (int64)
     are the epoch's, zeroed by ``new_epoch``.
     """

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .batchnorm import bn_modules
-from .train import PLAIN, Step, StepContext
+from .steps import PLAIN, Step, StepContext
 
 LossFn = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 
@@ -104,7 +104,7 @@ def sam_gradient(
 
 
 def sam_step(rho: float) -> Step:
-    """A training-loop step (see ``train.Step``) using the SAM gradient of cross-entropy."""
+    """A training-loop step (see ``steps.Step``) using the SAM gradient of cross-entropy."""
 
     def step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: StepContext = PLAIN) -> tuple:
         def loss_fn() -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,8 @@ from ..posteriors.file import PosteriorFile, covered_positions
 from ..runtime.errors import UserError
 from ..training.flat import params_vector
 from ..training.sam import sam_step
-from ..training.train import Compute, StepContext, sgd, sgd_step
+from ..training.steps import StepContext, sgd, sgd_step
+from ..training.train import Compute
 from .run import Plan
 from .sgld import SGLD
 

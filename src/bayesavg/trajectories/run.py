@@ -43,15 +43,8 @@ from ..training.graphs import unsupported
 from ..training.monitoring import EVERY_EPOCH, Monitoring
 from ..training.optim import Optimizer
 from ..training.schedules import lr_at
-from ..training.train import (
-    Compute,
-    Progress,
-    Step,
-    StepContext,
-    loss_and_accuracy,
-    sgd_step,
-    train,
-)
+from ..training.steps import Step, StepContext, sgd_step
+from ..training.train import Compute, Progress, loss_and_accuracy, train
 from .common import train_data, watched
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from ..posteriors.vi import softplus_inverse
 from ..training import ieee
 from ..training.distributed import broadcast
 from ..training.optim import build as build_optimizer
-from ..training.train import Compute, StepContext
+from ..training.steps import StepContext
+from ..training.train import Compute
 from .run import Plan
 
 

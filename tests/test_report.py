@@ -577,7 +577,9 @@ def predicted() -> ReportInputs:
 
 def test_effect_calls_a_difference_within_its_interval_noise() -> None:
     noise = Interval("nll", 0.003, -0.009, 0.015, 0.95, 2000)
-    assert effect(noise) == "NLL within noise (+0.0030 ± 0.0120)"
+    assert effect(noise) == "NLL within noise (+0.0030, 95% CI -0.0090 to +0.0150)"
+    edge = Interval("accuracy", 0.007, 0.0, 0.014, 0.95, 2000)  # a bound on 0 holds 0
+    assert effect(edge) == "accuracy within noise (+0.70 pp, 95% CI +0.00 to +1.40 pp)"
     better = Interval("nll", -0.059, -0.078, -0.041, 0.95, 2000)
     assert effect(better) == "improves NLL by 0.0590 (95% CI 0.0410-0.0780)"
     worse = Interval("accuracy", -0.012, -0.02, -0.004, 0.95, 2000)
@@ -592,7 +594,7 @@ def test_comparisons_use_paired_intervals(predicted: ReportInputs) -> None:
     swa, swag = baseline_lines(predicted, unc)
     # One more right image of 1,000 (+0.10 pp) is noise, never an improvement.
     assert swa.startswith("swa vs map: ") and "improves" not in swa
-    assert "accuracy within noise (+0.10 ±" in swa and "McNemar p = 1" in swa
+    assert "accuracy within noise (+0.10 pp, 95% CI " in swa and "McNemar p = 1" in swa
     assert "improves NLL by" in swag and "improves accuracy by" in swag
     assert swag.index("improves") < swag.index("McNemar")
     lines = baseline_lines(_inputs(), compute(_inputs()))
@@ -628,6 +630,12 @@ def test_every_metric_cell_carries_its_interval(predicted: ReportInputs) -> None
         assert row[4].text.startswith(f"{nll.value:.4f} [")
     plain = metrics_table(_inputs().predictors, compute(_inputs()))
     assert not any("[" in c.text for row in plain.rows for c in row)
+    # a scale only where the method has one: map and swa's 0 would read as 'no variance'
+    assert {row[0].text: row[2].text for row in plain.rows} == {
+        "map": "-",
+        "swa": "-",
+        "swag": "0.5",
+    }
     assert "No interval for map, swa, swag" in metrics_note(
         _inputs().predictors, compute(_inputs())
     )
@@ -775,3 +783,19 @@ def test_best_table_names_the_best_and_counts_beyond_noise(predicted: ReportInpu
         ]
         better, worse = verdicts.count("better"), verdicts.count("worse")
         assert rows[label][3].text == f"{better} / {worse} of {len(verdicts)}"
+
+
+def test_the_calibration_table_gives_the_15_bin_ece_beside_the_20_bin() -> None:
+    """ALGORITHMS §7: 15-bin ECE too, for comparison with libraries (torchmetrics)."""
+    from bayesavg.report.sections.calibration import calibrated_table
+
+    inputs = _inputs()
+    with_15 = [
+        dataclasses.replace(p, metrics={**p.metrics, "ece15": 0.0123 + i})
+        for i, p in enumerate(inputs.predictors)
+    ]
+    inputs = dataclasses.replace(inputs, predictors=with_15)
+    table = calibrated_table(inputs, compute(inputs))
+    column = table.header.index("ECE (15 bins)")
+    assert table.header[column - 1] == "ECE [95% CI]"
+    assert [row[column].text for row in table.rows] == ["0.0123", "1.0123", "2.0123"]

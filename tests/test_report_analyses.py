@@ -390,9 +390,9 @@ def test_spearman_matches_brute_force_with_ties() -> None:
 def test_exact_permutation_p_counts_orderings() -> None:
     x = [1.0, 2.0, 3.0, 4.0]
     # Only the identity ordering reaches rho = 1: p = 1 / 4!.
-    assert stats.permutation_p(x, x) == pytest.approx(1 / math.factorial(4))
+    assert stats.clustered_permutation_p(x, x) == pytest.approx(1 / math.factorial(4))
     rhos = [stats.spearman(x, list(p)) for p in itertools.permutations(x)]
-    assert stats.permutation_p(x, [4.0, 3.0, 2.0, 1.0]) == 1.0
+    assert stats.clustered_permutation_p(x, [4.0, 3.0, 2.0, 1.0]) == 1.0
     assert min(rhos) == -1.0
 
 
@@ -414,7 +414,7 @@ def test_flat_calibration_claim_follows_the_planted_sign(
     for x in ("sharpness", "hessian_trace"):
         found = sharpness.sharpness_correlations(planted, x)
         assert [c.rho for c in found] == [pytest.approx(sign), pytest.approx(sign)]
-        assert all(c.n == len(PREDICTORS) for c in found)
+        assert all(c.n == c.networks == len(PREDICTORS) for c in found)
     claim = _claim(analysis_claims(planted), "lower SAM sharpness")
     assert claim.holds is holds
     assert f"n = {len(PREDICTORS)}" in claim.evidence
@@ -554,25 +554,53 @@ def test_drawing_twice_is_byte_identical(inputs: ReportInputs, pngs: dict[str, b
 
 
 @pytest.mark.parametrize("n", [3, 6, 8, 9, 24])
-def test_permutation_p_is_the_one_permutation_at_a_time_count(n: int) -> None:
-    """The vectorised permutation test counts exactly what a loop over the same
-    permutations (all of them up to 8 points, else the seeded draws) counts, ties too."""
+def test_clustered_permutation_p_is_the_one_permutation_at_a_time_count(n: int) -> None:
+    """The vectorised test counts exactly what a loop counts that gives each unit (points
+    of one x) another unit's value and recomputes Spearman's rho: every permutation of
+    the units up to 8 of them, else the seeded draws; ties in y too."""
     import itertools
 
     gen = np.random.default_rng(n)
-    x = gen.integers(0, 4, n).astype(float).tolist()
+    units = gen.integers(0, max(2, n - 2), n)
+    values = gen.normal(size=int(units.max()) + 1)
+    x = [float(values[u]) for u in units]
     y = (gen.normal(size=n) + np.asarray(x)).round(1).tolist()
-    rx, ry = stats.ranks(np.asarray(x)), stats.ranks(np.asarray(y))
-    observed = stats._pearson(rx, ry)
-    if n <= stats.EXACT_PERMUTATIONS_MAX:
-        orders = [np.asarray(p) for p in itertools.permutations(range(n))]
-        rhos = [stats._pearson(rx, ry[p]) for p in orders]
+    distinct, unit = np.unique(np.asarray(x), return_inverse=True)
+    k = len(distinct)
+    observed = stats.spearman(x, y)
+    if k <= stats.EXACT_PERMUTATIONS_MAX:
+        orders = [np.asarray(p) for p in itertools.permutations(range(k))]
     else:
         rng = np.random.default_rng(0)
-        draws = range(stats.RANDOM_PERMUTATIONS)
-        rhos = [observed] + [stats._pearson(rx, rng.permutation(ry)) for _ in draws]
-    expected = float(np.mean([r >= observed - 1e-12 for r in rhos]))
-    assert stats.permutation_p(x, y) == expected
+        orders = [np.arange(k)] + [rng.permutation(k) for _ in range(stats.RANDOM_PERMUTATIONS)]
+    if n == 24:
+        orders = orders[:2001]  # a loop over all 20,001 is slow; the first 2,001 of them
+
+    def count(rows: list[np.ndarray]) -> float:
+        rhos = [stats.spearman(distinct[order][unit].tolist(), y) for order in rows]
+        return float(np.mean([r >= observed - 1e-12 for r in rhos]))
+
+    if n == 24:
+        saved = stats.RANDOM_PERMUTATIONS
+        stats.RANDOM_PERMUTATIONS = 2000
+        try:
+            assert stats.clustered_permutation_p(x, y) == count(orders)
+        finally:
+            stats.RANDOM_PERMUTATIONS = saved
+    else:
+        assert stats.clustered_permutation_p(x, y) == count(orders)
+
+
+def test_predictors_of_one_network_move_together() -> None:
+    """Two networks, each measured by three predictors whose metric rises with the
+    network's sharpness: rho is 0.87 over six points, but only two orderings of two
+    networks exist, so p is 1/2, not the 1/20 of six independent points."""
+    x = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+    y = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert stats.spearman(x, y) == pytest.approx(0.8783100656536799)
+    assert stats.clustered_permutation_p(x, y) == 0.5
+    # three networks (one measured twice): 3! orderings, only the observed one as high
+    assert stats.clustered_permutation_p([1.0, 1.0, 2.0, 3.0], y[:4]) == pytest.approx(1 / 6)
 
 
 def test_a_sections_claims_are_those_its_build_gives(inputs: ReportInputs) -> None:

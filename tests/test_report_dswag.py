@@ -41,7 +41,7 @@ from bayesavg.report.sections.distributed.measures import point_curve as sigma_c
 from bayesavg.report.sections.training import run_offset
 from bayesavg.report.sigma_curves import flat_range
 from bayesavg.report.stats import accuracy_interval
-from bayesavg.report.uncertainty import compute
+from bayesavg.report.uncertainty import Settings, Uncertainty, compute
 
 DSWAG_FIGURES = ("dswag_rounds", "dswag_reliability", "dswag_sigma_distance", "dswag_workers")
 MULTIPLES = (0.0, 1.0, 10.0, 100.0)
@@ -503,3 +503,52 @@ def test_b_and_c_fall_back_to_the_unpaired_interval_without_predictions() -> Non
     assert b.holds is None and b.evidence.startswith("Holds for NLL only on trajectory fed")
     assert "+1.20 pp, unpaired binomial 95% interval" in b.evidence
     assert "includes 0, not shown to differ" in b.evidence
+
+
+def _confident_pair(sharper: float) -> tuple[PredictorResult, PredictorResult, Uncertainty]:
+    """DSWAG and SWAG predictors on the same 1,000 labels: DSWAG's logits are SWAG's times
+    ``sharper`` (2: far more confident; 0.5: far less); at 1 they get independent noise
+    instead (some points more confident, some less: no difference beyond noise)."""
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 4, 1000)
+    logits = rng.normal(size=(1000, 4))
+    logits[np.arange(1000), y] += 2.0
+    dswag = logits * sharper if sharper != 1 else logits + rng.normal(size=(1000, 4)) * 0.3
+
+    def result(name: str, found: np.ndarray) -> PredictorResult:
+        lp = torch.log_softmax(torch.as_tensor(found), 1).numpy()
+        conf = np.exp(lp).max(1)
+        correct = (lp.argmax(1) == y).astype(float)
+        bins = [{"confidence": float(conf.mean()), "accuracy": correct.mean(), "count": 1000}]
+        return PredictorResult(
+            name, "swag", name, 0.5, {}, bins, [], Predictions(y=y, log_probs=lp)
+        )
+
+    d, b = result("dswag", dswag), result("swag", logits)
+    unc = Uncertainty(Settings(resamples=500, seed=1), predictors={"dswag": d, "swag": b})
+    return d, b, unc
+
+
+@pytest.mark.parametrize(("sharper", "holds"), [(1.0, None), (2.0, True), (0.5, False)])
+def test_more_confident_is_decided_by_its_paired_interval(
+    sharper: float, holds: bool | None
+) -> None:
+    """(c') A difference in mean confidence within its paired interval is undecided, not
+    'holds' or 'does not hold'; a clear one decides it. Without per-point predictions the
+    values decide, and the evidence says so."""
+    from bayesavg.report.sections.distributed.claims import _claim_confident
+
+    d, b, unc = _confident_pair(sharper)
+    claim = _claim_confident(d, b, unc)
+    assert claim is not None and claim.holds is holds
+    assert re.fullmatch(
+        r"mean confidence [\d.]+% vs [\d.]+% \(diff [+-][\d.]+ \[[+-][\d.]+, [+-][\d.]+\] pp\)",
+        claim.number,
+    )
+    assert ("not shown to differ" in claim.evidence) is (holds is None)
+    no_predictions = dataclasses.replace(d, predictions=None)
+    unc.predictors["dswag"] = no_predictions
+    by_values = _claim_confident(no_predictions, b, dataclasses.replace(unc, extra={}))
+    assert by_values is not None
+    assert by_values.holds is (d.reliability[0]["confidence"] > b.reliability[0]["confidence"])
+    assert "decided by the values" in by_values.evidence

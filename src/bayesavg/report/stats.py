@@ -50,18 +50,31 @@ def spearman(x: list[float], y: list[float]) -> float:
     return _pearson(ranks(np.asarray(x)), ranks(np.asarray(y)))
 
 
-def permutation_p(x: list[float], y: list[float], seed: int = 0) -> float:
-    """One-sided p-value of rho >= the observed under exchangeable y: exact for few points,
-    seeded random permutations beyond."""
-    rx, ry = ranks(np.asarray(x)), ranks(np.asarray(y))
-    observed = _pearson(rx, ry)
-    if len(rx) <= EXACT_PERMUTATIONS_MAX:
-        order = np.asarray(list(itertools.permutations(range(len(ry)))))
+def clustered_permutation_p(x: list[float], y: list[float], seed: int = 0) -> float:
+    """One-sided p-value of Spearman's rho >= the observed when points that share their x
+    share one unit: several predictors measured at one network (swa, swag_diag and
+    swag at the snapshot mean) have the same sharpness, and are not independent draws.
+    The distinct x values are shuffled among the units, each unit's points moving
+    together: exact for few units, seeded random permutations beyond. With every x
+    distinct it is the plain permutation test."""
+    values, unit = np.unique(np.asarray(x, dtype=float), return_inverse=True)
+    ry = ranks(np.asarray(y))
+    observed = _pearson(ranks(np.asarray(x)), ry)
+    k = len(values)
+    if k <= EXACT_PERMUTATIONS_MAX:
+        order = np.asarray(list(itertools.permutations(range(k))))
     else:
-        rng = np.random.default_rng(seed)  # the stream rng.permutation(ry) would draw
-        drawn = [rng.permutation(len(ry)) for _ in range(RANDOM_PERMUTATIONS)]
-        order = np.asarray([np.arange(len(ry)), *drawn])
-    rhos = _pearson_rows(rx, ry[order])
+        rng = np.random.default_rng(seed)
+        drawn = [rng.permutation(k) for _ in range(RANDOM_PERMUTATIONS)]
+        order = np.asarray([np.arange(k), *drawn])
+    sizes = np.bincount(unit, minlength=k).astype(float)
+    # unit u takes the value of rank order[u] among the distinct values: its points' average
+    # rank is the count of points in units of lower value plus the middle of its own
+    by_value = np.argsort(order, axis=1)  # row r: the unit holding each value, by value
+    below = np.cumsum(sizes[by_value], axis=1) - sizes[by_value]
+    unit_rank = np.empty_like(below)
+    np.put_along_axis(unit_rank, by_value, below + (sizes[by_value] + 1) / 2, axis=1)
+    rhos = _pearson_rows(ry, unit_rank[:, unit])
     return float(np.mean(rhos >= observed - 1e-12))
 
 

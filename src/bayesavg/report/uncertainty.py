@@ -83,6 +83,9 @@ class Uncertainty:
     requested: dict[tuple[str, str], Comparison | None] = field(
         default_factory=dict, repr=False, compare=False
     )
+    extra: dict[tuple[str, str, str], Interval | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def estimate(self, name: str, metric: str) -> Estimate | None:
         return self.estimates.get(name, {}).get(metric)
@@ -99,6 +102,27 @@ class Uncertainty:
                 found = compare(ref, cand, self.settings)
             self.requested[key] = found
         return self.requested[key]
+
+    def paired(self, reference: str, candidate: str, metric: str) -> Interval | None:
+        """The paired interval of a metric no comparison computes (``confidence``), on
+        request and once; None without predictions on the same labels."""
+        key = (reference, candidate, metric)
+        if key not in self.extra:
+            ref, cand = self.predictors.get(reference), self.predictors.get(candidate)
+            a = _tensors(ref) if ref is not None else None
+            b = _tensors(cand) if cand is not None else None
+            found = None
+            if a is not None and b is not None and _same_points(a, b):
+                s = self.settings
+                found = paired_bootstrap(metric, a[0], b[0], a[1], s.resamples, s.seed, s.level)
+            self.extra[key] = found
+        return self.extra[key]
+
+
+def _same_points(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+) -> bool:
+    return a[0].shape == b[0].shape and torch.equal(a[1], b[1])
 
 
 def _tensors(p: PredictorResult) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -166,7 +190,7 @@ def estimates(p: PredictorResult, s: Settings) -> dict[str, Estimate]:
 def compare(ref: PredictorResult, cand: PredictorResult, s: Settings) -> Comparison | None:
     """The paired comparison; None unless both have predictions on the same labels."""
     a, b = _tensors(ref), _tensors(cand)
-    if a is None or b is None or a[0].shape != b[0].shape or not torch.equal(a[1], b[1]):
+    if a is None or b is None or not _same_points(a, b):
         return None
     y = a[1]
     intervals = {

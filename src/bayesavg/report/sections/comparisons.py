@@ -18,7 +18,7 @@ from ..blocks import (
     bullets_or,
 )
 from ..claims import FLAT_PAPER, HWA_PAPER, Claim
-from ..formats import LABELS, diff_number, interval_number, metric_scale, unsigned
+from ..formats import LABELS, diff_number, interval_number, metric_scale, signed, unsigned
 from ..inputs import PredictorResult, ReportInputs
 from ..intervals import LOWER_IS_BETTER, Interval
 from ..uncertainty import Comparison, Uncertainty
@@ -35,10 +35,11 @@ NO_PAIRS = "No baseline/counterpart pairs among the predictors."
 COMPARISONS_NOTE = (
     "One line per predictor. A difference counts only where its 95% paired bootstrap "
     "interval (the same test points resampled for both predictors) excludes 0: "
-    "'improves X by d (95% CI lo-hi)' gives the gain, 'within noise (d ± h)' the "
-    "difference and how far the interval reaches around it. Accuracy differences are in "
-    "percentage points, with McNemar's exact p (only the images exactly one of the two "
-    "gets right count)."
+    "'improves X by d (95% CI lo-hi)' gives the gain, 'within noise (d, 95% CI lo to hi)' "
+    "the difference and its interval, which holds 0. ECE's difference intervals are "
+    "bias-corrected as its own (binned ECE's bootstrap bias differs between two "
+    "predictors). Accuracy differences are in percentage points, with McNemar's exact p "
+    "(only the images exactly one of the two gets right count)."
 )
 
 
@@ -79,15 +80,16 @@ def _valid_pairs(inputs: ReportInputs) -> list[tuple[PredictorResult, PredictorR
 
 def effect(interval: Interval, extra: str = "") -> str:
     """What a difference says: 'improves X by d (95% CI lo-hi)', 'worsens ...' or 'X
-    within noise (d ± h)'; ``extra`` (McNemar's p) goes inside the brackets."""
+    within noise (d, 95% CI lo to hi)'; ``extra`` (McNemar's p) goes inside the brackets."""
     scale, digits, unit = metric_scale(interval.metric)
     label = LABELS[interval.metric]
     more = f"; {extra}" if extra else ""
     verdict = interval.verdict()
     if verdict == "within noise":
-        reach = scale * max(interval.high - interval.diff, interval.diff - interval.low)
-        diff = scale * interval.diff
-        return f"{label} within noise ({diff:+.{digits}f} ± {reach:.{digits}f}{unit}{more})"
+        level = f"{100 * interval.level:g}% CI"
+        low, high = (signed(scale * v, digits) for v in (interval.low, interval.high))
+        diff = signed(scale * interval.diff, digits)
+        return f"{label} within noise ({diff}{unit}, {level} {low} to {high}{unit}{more})"
     sign = -1.0 if LOWER_IS_BETTER[interval.metric] else 1.0
     if verdict == "worse":
         sign = -sign

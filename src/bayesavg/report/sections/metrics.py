@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ...config.methods import REGISTRY
 from ..blocks import (
     Block,
     Cell,
@@ -27,6 +28,13 @@ _COLUMNS = [
 ]
 
 
+def _scale(p: PredictorResult) -> str:
+    """The covariance scale where the method has one ('-' where a scale would change
+    nothing: for VI or an ensemble a 0 would read as 'no variance')."""
+    method = REGISTRY.get(p.method)
+    return f"{p.scale:g}" if method is None or method.has_scale else "-"
+
+
 GEOMETRY_NOTE = (
     "Sharpness (the SAM loss increase) and the Hessian trace tr(H) of each predictor's "
     "weights: properties of the network, not averages over test points, so they carry no "
@@ -47,7 +55,7 @@ def metrics_table(predictors: list[PredictorResult], unc: Uncertainty) -> Table:
     header = ["Predictor", "Trajectory", "Scale", *(h for _, h in _COLUMNS), "Samples"]
     rows = []
     for p in predictors:
-        row = [Cell(p.name), Cell(p.trajectory), Cell(f"{p.scale:g}")]
+        row = [Cell(p.name), Cell(p.trajectory), Cell(_scale(p))]
         for key, _ in _COLUMNS:
             v = p.metric(key)
             text = with_interval(key, v, unc.estimate(p.name, key))

@@ -1,5 +1,10 @@
 """Sharpness and calibration: do flatter predictors calibrate better? Spearman's rank
-correlation of SAM sharpness and tr(H) with ECE and NLL over the predictors."""
+correlation of SAM sharpness and tr(H) with ECE and NLL over the predictors.
+
+Predictors measured at one network (map and laplace at the fine-tuned weights; swa,
+swag_diag and swag at the snapshot mean) share its sharpness: they are one unit, not
+independent points, and the permutation test moves them together
+(``stats.clustered_permutation_p``)."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from ..blocks import (
 )
 from ..claims import FLAT_PAPER, Claim
 from ..inputs import PredictorResult, ReportInputs
-from ..stats import permutation_p, spearman
+from ..stats import clustered_permutation_p, spearman
 from ..uncertainty import Uncertainty
 
 # |rho| below this is trivially small, whatever its p-value.
@@ -46,6 +51,7 @@ class Correlation:
     rho: float
     p: float
     n: int
+    networks: int  # distinct values of x: the units the permutation test shuffles
 
 
 CAPTIONS = {
@@ -70,7 +76,8 @@ def correlation(predictors: list[PredictorResult], x: str, y: str) -> Correlatio
     rho = spearman(xs, ys)
     if not math.isfinite(rho):
         return None
-    return Correlation(x, y, rho, permutation_p(xs, ys), len(pairs))
+    p = clustered_permutation_p(xs, ys)
+    return Correlation(x, y, rho, p, len(pairs), len(set(xs)))
 
 
 def flat_calibrated_verdict(found: list[Correlation]) -> bool | None:
@@ -173,13 +180,17 @@ def claims(inputs: ReportInputs) -> list[Claim]:
             for c in found
         )
         text = (
-            f"Spearman over n = {found[0].n} predictors (small: ranks move with one "
-            f"predictor): {parts}. "
+            f"Spearman over n = {found[0].n} predictors measured at {found[0].networks} "
+            "networks (small: ranks move with one predictor; the permutation test shuffles "
+            f"the {label} among the networks, each network's predictors together): {parts}. "
             f"Rule: holds if every rho ≥ {MIN_RHO:g} with p < 0.05, fails if none is positive."
         )
         holds = flat_calibrated_verdict(found)
         c = _deciding(found, holds)
-        number = f"rho({label}, {c.y.upper()}) {c.rho:+.2f}, p {c.p:.3f}, n {c.n}"
+        number = (
+            f"rho({label}, {c.y.upper()}) {c.rho:+.2f}, p {c.p:.3f}, n {c.n} at "
+            f"{c.networks} networks"
+        )
         out.append(Claim(FLAT_PAPER, statement, holds, text, number))
     return out
 
@@ -195,7 +206,10 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     blocks += [
         Paragraph(
             f"The strongest rank correlation is between {strongest.x} and {strongest.y.upper()} "
-            f"(rho = {strongest.rho:+.2f} over {strongest.n} predictors)."
+            f"(rho = {strongest.rho:+.2f} over {strongest.n} predictors at {strongest.networks} "
+            "networks: predictors measured at one network, such as swa, swag_diag and swag at "
+            "the snapshot mean, share its sharpness, and the permutation test moves them "
+            "together)."
         ),
         *figure(
             "analysis_sharpness",
@@ -204,14 +218,20 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
         ),
         TableBlock(
             Table(
-                ["Sharpness", "Metric", "Spearman rho", "Permutation p (rho ≥ observed)", "n"],
+                [
+                    "Sharpness",
+                    "Metric",
+                    "Spearman rho",
+                    "Permutation p (rho ≥ observed)",
+                    "Predictors (networks)",
+                ],
                 [
                     [
                         Cell(c.x),
                         Cell(c.y),
                         Cell(f"{c.rho:+.3f}"),
                         Cell(f"{c.p:.3f}"),
-                        Cell(str(c.n)),
+                        Cell(f"{c.n} ({c.networks})"),
                     ]
                     for c in found
                 ],

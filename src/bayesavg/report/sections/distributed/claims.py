@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from ...claims import DSWAG_PAPER, Claim
-from ...formats import pct, win_count
-from ...inputs import ReportInputs, SweepPoint
+from ...formats import interval_text, pct, win_count
+from ...inputs import PredictorResult, ReportInputs, SweepPoint
 from ...sigma_curves import FLAT_TOLERANCE, SigmaCurve, flat_range
 from ...uncertainty import Uncertainty, compute
 from .differences import compare, sweep_holds, upper
@@ -114,8 +114,8 @@ def _claim_c(inputs: ReportInputs, roles: DswagRoles, unc: Uncertainty) -> list[
     """Against SWAG after distributed training: decided by ECE (by its paired interval
     where there are predictions, else by the values); then the paper's 'more confident'."""
     statement = (
-        "(c) DSWAG is better calibrated than SWAG after distributed training, and comparable "
-        "to it (the paper's Fig. 5 right and conclusion)"
+        "(c) DSWAG is better calibrated (lower ECE) than SWAG after distributed training "
+        "(the paper's Fig. 5 right and conclusion)"
     )
     if roles.dswag is None or roles.baseline is None:
         why = (
@@ -143,18 +143,33 @@ def _claim_c(inputs: ReportInputs, roles: DswagRoles, unc: Uncertainty) -> list[
             + "."
         )
         found = [Claim(DSWAG_PAPER, statement, calibrated, evidence, diffs["ece"].number)]
+    confident = _claim_confident(d, b, unc)
+    return found if confident is None else [*found, confident]
+
+
+def _claim_confident(d: PredictorResult, b: PredictorResult, unc: Uncertainty) -> Claim | None:
+    """The paper's 'more confident': DSWAG's mean confidence (largest averaged probability)
+    against SWAG's, decided by its paired interval where there are predictions (within
+    it: undecided), else by the values."""
     conf = [mean_confidence(p) for p in (d, b)]
-    if conf[0] is not None and conf[1] is not None:
-        found.append(
-            Claim(
-                DSWAG_PAPER,
-                "(c') DSWAG gives more confident predictions than SWAG (the paper's conclusion)",
-                conf[0][0] > conf[1][0],
-                f"{confidence_text(d)}; {confidence_text(b)}.",
-                f"mean confidence {pct(conf[0][0])} vs {pct(conf[1][0])}",
-            )
+    if conf[0] is None or conf[1] is None:
+        return None
+    number = f"mean confidence {pct(conf[0][0])} vs {pct(conf[1][0])}"
+    evidence = f"{confidence_text(d)}; {confidence_text(b)}"
+    iv = unc.paired(b.name, d.name, "confidence")
+    holds: bool | None = conf[0][0] > conf[1][0]
+    if iv is None:
+        evidence += "; no per-point predictions, so no interval: decided by the values"
+    else:
+        holds = {"better": True, "worse": False}.get(iv.verdict())
+        shown = interval_text(100 * iv.diff, 100 * iv.low, 100 * iv.high, 2)
+        level = f"{100 * iv.level:g}%"
+        number += f" (diff {shown} pp)"
+        evidence += f"; difference {shown} pp, paired bootstrap {level} interval" + (
+            "" if holds is not None else ", which holds 0: not shown to differ"
         )
-    return found
+    statement = "(c') DSWAG gives more confident predictions than SWAG (the paper's conclusion)"
+    return Claim(DSWAG_PAPER, statement, holds, evidence + ".", number)
 
 
 def _rounds(point: SweepPoint) -> str:

@@ -607,3 +607,24 @@ def test_a_sections_claims_are_those_its_build_gives(inputs: ReportInputs) -> No
     """``claims`` (for the headline, without figures) and ``build`` agree."""
     for section in ANALYSES:
         assert section.claims(inputs) == section.build(inputs, _unc(inputs)).claims
+
+
+def test_the_laplace_probit_is_bayesian_without_samples_for_mi() -> None:
+    """A closed-form posterior predictive counts among the Bayesian predictors (it is no
+    single network) but has no samples: its MI row says why, not 'single network'."""
+    from bayesavg.report.inputs import is_closed_form
+    from bayesavg.report.sections.ood import _ood_table
+
+    def result(name: str, method: str) -> PredictorResult:
+        ood = {"animal_mnist": {"mutual_info": {"auroc": 0.5}, "entropy": {"auroc": 0.9}}}
+        return PredictorResult(name, method, "t", 0.0, {"ood": ood}, [], [])
+
+    found = [result("map", "map"), result("laplace", "laplace"), result("swag", "swag")]
+    assert [is_bayesian(p) for p in found] == [False, True, True]
+    assert [is_closed_form(p) for p in found] == [False, True, False]
+    inputs = dataclasses.replace(_inputs(), predictors=found)
+    table = _ood_table(inputs, "animal_mnist", "mutual_info")
+    assert table is not None
+    rows = {row[0].text: row[1].text for row in table.rows}
+    assert rows["map"] == "- (single network, so MI = 0)"
+    assert rows["laplace"] == "- (closed-form predictive: no samples, so MI = 0)"

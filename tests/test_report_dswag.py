@@ -552,3 +552,20 @@ def test_more_confident_is_decided_by_its_paired_interval(
     assert by_values is not None
     assert by_values.holds is (d.reliability[0]["confidence"] > b.reliability[0]["confidence"])
     assert "decided by the values" in by_values.evidence
+
+
+def test_the_overview_gives_the_main_runs_clients_and_rounds() -> None:
+    """The sweep's rows stop phase 1 at a target; the main run's setting is said beside
+    its predictors, so no reader holds one against the other's W = 10 row."""
+    inputs = _dswag_inputs()
+    fed = inputs.params["finetune"]["fed"]
+    setting = {**fed, "clients": 10, "phase1": {"rounds": 20}}
+    params = {**inputs.params, "finetune": {**inputs.params["finetune"], "fed": setting}}
+    text = overview(dataclasses.replace(inputs, params=params))
+    assert text is not None
+    assert (
+        "On trajectory fed (10 clients, at most 20 FedAvg rounds in phase 1, no target): " in text
+    )
+    setting["phase1"] = {"rounds": 20, "target_accuracy": 0.9}
+    text = overview(dataclasses.replace(inputs, params=params))
+    assert text is not None and "phase 1, stopping at 90.00% train accuracy): " in text

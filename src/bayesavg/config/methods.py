@@ -52,6 +52,8 @@ class Method:
     ``sigma``: for variational methods, where the per-weight sigma comes from
     (one of ``SIGMAS``); the report shows its distribution relative to the
     sigma the variational run started from.
+    ``closed_form``: one pass gives the posterior predictive itself (the Laplace
+    probit): Bayesian, though without the samples mutual information needs.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Method:
     centre: str = "weights"
     baseline: str | None = None
     sigma: str | None = None
+    closed_form: bool = False
 
     def __post_init__(self) -> None:
         if self.needs not in PROVIDES:
@@ -173,6 +176,7 @@ REGISTRY: dict[str, Method] = {
             needs="laplace",
             label="last-layer KFAC Laplace, probit (GLM) predictive",
             samples="one",
+            closed_form=True,
             own_buffers=True,
         ),
         Method(

@@ -232,6 +232,13 @@ def trajectory_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def is_bayesian(p: PredictorResult) -> bool:
-    """Whether the predictor averages several networks (single networks have MI = 0)."""
+    """Whether the predictor averages over a posterior: several networks, or in closed form
+    (the Laplace probit). Single networks are not, and have MI = 0."""
     method = REGISTRY.get(p.method)
-    return method is None or method.samples != "one"
+    return method is None or method.samples != "one" or method.closed_form
+
+
+def is_closed_form(p: PredictorResult) -> bool:
+    """A posterior predictive from one pass: no samples, so its MI is 0 by construction."""
+    method = REGISTRY.get(p.method)
+    return method is not None and method.closed_form

@@ -89,7 +89,7 @@ def metrics_note(predictors: list[PredictorResult], unc: Uncertainty) -> str:
 
 def geometry_table(predictors: list[PredictorResult]) -> Table | None:
     """Sharpness and tr(H): properties of the weights, not of test points, so no interval."""
-    keys = (("sharpness", "Sharpness (SAM)", ".4f"), ("hessian_trace", "tr(H)", ".3g"))
+    keys = (("sharpness", "Sharpness (SAM)", ".4f"), ("hessian_trace", "tr(H)", ".4g"))
     rows = [
         [
             Cell(p.name),

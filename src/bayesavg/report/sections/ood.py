@@ -23,7 +23,7 @@ from ..blocks import (
 )
 from ..claims import BMA_PAPER, Claim
 from ..formats import fmt_or_dash
-from ..inputs import PredictorResult, ReportInputs, is_bayesian
+from ..inputs import PredictorResult, ReportInputs, is_bayesian, is_closed_form
 from ..stats import auroc_se
 from ..uncertainty import Uncertainty
 
@@ -186,8 +186,9 @@ def _ood_table(inputs: ReportInputs, ood_set: str, score: str) -> Table | None:
         values = [ood_value(p, ood_set, score, k) for k, _ in OOD_KEYS]
         if all(math.isnan(v) for v in values):
             continue
-        if score == "mutual_info" and not is_bayesian(p):
-            rows.append([Cell(p.name)] + [Cell("- (single network: MI = 0)")] + [Cell("-")] * 3)
+        if score == "mutual_info" and (is_closed_form(p) or not is_bayesian(p)):
+            why = "closed-form predictive: no samples" if is_bayesian(p) else "single network"
+            rows.append([Cell(p.name)] + [Cell(f"- ({why}, so MI = 0)")] + [Cell("-")] * 3)
             continue
         rows.append([Cell(p.name)] + [Cell(fmt_or_dash(v)) for v in values])
     return Table(["Predictor", *(label for _, label in OOD_KEYS)], rows) if rows else None

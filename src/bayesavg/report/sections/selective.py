@@ -129,8 +129,8 @@ def summary(inputs: ReportInputs, unc: Uncertainty) -> str:
     best = min(found, key=lambda p: p.metric("aurc"))
     text = (
         f"Lowest AURC: {best.name} ({best.metric('aurc'):.4f}). By the paired interval of "
-        f"the AURC difference, {len(better)} predictor(s) rank their test points better "
-        f"than {base} ({', '.join(better) or 'none'}) and {len(worse)} worse "
+        f"the AURC difference, {len(better)} predictor(s) have a lower AURC than {base} "
+        f"({', '.join(better) or 'none'}) and {len(worse)} a higher one "
         f"({', '.join(worse) or 'none'}); the rest are within noise. AURC mixes how often "
         "a predictor errs with how well it ranks its errors last; AUGRC (Traub et al. "
         "2024) weighs every coverage by the share of points kept."

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...blocks import Heading, Paragraph, Section, bullets_or, figure_section
 from ...claims import claim_text
 from ...formats import pct
-from ...inputs import ReportInputs
+from ...inputs import ReportInputs, trajectory_params
 from ...uncertainty import Uncertainty, settings
 from . import figures
 from .claims import claims
@@ -17,6 +17,21 @@ SIGN_NOTE = (
     "Accuracy - confidence > 0 means under-confident (right more often than claimed), "
     "< 0 over-confident. The paper's text states the opposite; that sign is backwards."
 )
+
+
+def _setting(inputs: ReportInputs, trajectory: str) -> str:
+    """' (10 clients, 20 FedAvg rounds in phase 1)' from the trajectory's params: the
+    numbers to hold the sweep's rows against, which stop phase 1 at a target instead."""
+    found = trajectory_params(inputs.params).get(trajectory, {})
+    clients = found.get("clients")
+    phase1 = found.get("phase1")
+    phase1 = phase1 if isinstance(phase1, dict) else {}
+    rounds, target = phase1.get("rounds"), phase1.get("target_accuracy")
+    parts = [f"{clients} clients"] if clients is not None else []
+    if rounds is not None:
+        stop = f"stopping at {pct(target)} train accuracy" if target else "no target"
+        parts.append(f"at most {rounds} FedAvg rounds in phase 1, {stop}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def overview(inputs: ReportInputs) -> str | None:
@@ -32,7 +47,8 @@ def overview(inputs: ReportInputs) -> str | None:
             "the SWAG posterior of those snapshots (DSWAG)": roles.dswag,
         }
         said = [f"{p.name} is {what}" for what, p in names.items() if p is not None]
-        text += f"On trajectory {roles.trajectory}: {', '.join(said)}. "
+        text += f"On trajectory {roles.trajectory}{_setting(inputs, roles.trajectory)}: "
+        text += f"{', '.join(said)}. "
         if roles.baseline is not None:
             text += (
                 f"The paper's baseline, SWAG after distributed training, is {roles.baseline.name} "

@@ -253,8 +253,9 @@ def _claim_d(sweep: list[SweepPoint]) -> list[Claim]:
         Claim(
             DSWAG_PAPER,
             f"(d) The accuracy of the single network theta_bar + m * sigma * z stays within "
-            f"{100 * FLAT_TOLERANCE:g} pp of theta_bar's for small m (m >= 1) and collapses "
-            f"(falls more than {100 * COLLAPSE_DROP:g} pp) for large m",
+            f"{100 * FLAT_TOLERANCE:g} pp of theta_bar's at small m (at least up to the "
+            f"grid's first m > 0) and collapses (falls more than {100 * COLLAPSE_DROP:g} pp) "
+            f"by the largest m (m = {top:g})",
             holds,
             evidence,
             _at_count(both, varied, "flat, then collapses"),

@@ -39,6 +39,9 @@ DSWAG = DSWAG_PAPER
 
 
 NO_LANDSCAPE = "no landscape analysis was run"
+# Ray widths to two decimals: the claims count each direction wider or narrower, and
+# two widths that three digits show alike (21.9, 21.9) would read as a tie.
+WIDTH = ".2f"
 
 
 def _line_claims(inputs: ReportInputs) -> list[Claim]:
@@ -55,7 +58,7 @@ def _line_claims(inputs: ReportInputs) -> list[Claim]:
             why = f"The line {name} has no t = 0 with a point after it."
             out.append(Claim(SWA_PAPER, label, None, why, "n/a (no t = 0)"))
             continue
-        slope = "falls" if m.on_slope else "does not fall"
+        slope = "falls" if m.on_slope else "rises" if m.loss_next > m.loss_at_0 else "does not fall"
         text = (
             f"Train loss is lowest at t = {m.t_min:g} ({m.loss_min:.4g}; t = 0 is {line.a}, t = 1 "
             f"{line.b}); from t = 0 ({m.loss_at_0:.4g}) it {slope} to {m.loss_next:.4g} at "
@@ -94,13 +97,13 @@ def _width_claims(inputs: ReportInputs) -> list[Claim]:
             continue
         censored = f"; {c.censored} width(s) beyond the grid count as its end" if c.censored else ""
         text = (
-            f"Mean width {c.mean_wide:.3g} ({wide}) vs {c.mean_narrow:.3g} ({narrow}) at delta "
+            f"Mean width {c.mean_wide:.2f} ({wide}) vs {c.mean_narrow:.2f} ({narrow}) at delta "
             f"{rays[wide].delta:g}; {wide} is wider in {c.wider} and narrower in {c.narrower} of "
             f"{c.directions} shared directions{censored}. Rule: holds if wider on average and in "
             "most directions."
         )
         number = (
-            f"mean width {c.mean_wide:.3g} vs {c.mean_narrow:.3g}; wider in {c.wider} of "
+            f"mean width {c.mean_wide:.2f} vs {c.mean_narrow:.2f}; wider in {c.wider} of "
             f"{c.directions}"
         )
         out.append(Claim(paper, statement, c.verdict, text, number))
@@ -139,11 +142,11 @@ def _widths_table(inputs: ReportInputs) -> Table | None:
     rows = []
     for traj, r in rays.items():
         widths = [
-            fmt_or_dash(w, ".3g") if w is not None else f"> {ray_grid_end(r):g}" for w in r.widths
+            fmt_or_dash(w, WIDTH) if w is not None else f"> {ray_grid_end(r):g}" for w in r.widths
         ]
         mean = sum(ray_widths(r)) / len(r.widths) if r.widths else math.nan
         rows.append(
-            [Cell(f"{traj} ({r.centre})"), Cell(fmt_or_dash(mean, ".3g"))]
+            [Cell(f"{traj} ({r.centre})"), Cell(fmt_or_dash(mean, WIDTH))]
             + [Cell(w) for w in widths]
         )
     return Table(["Centre", "Mean width", *(f"d{i + 1}" for i in range(n))], rows)

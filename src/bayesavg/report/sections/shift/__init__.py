@@ -141,9 +141,12 @@ def _shift_sentence(inputs: ReportInputs, gaps: list[ShiftGap]) -> str:
         return "The baseline has no rotation metrics."
     first, last = found[0][1], found[-1][1]
     acc = [shift_value(base, n, "accuracy") for n in (first, last)]
+    shift = inputs.params.get("evaluate", {}).get("shift", {})
+    n = shift.get("n_points") if isinstance(shift, dict) else None
+    where = f" on the {n} shifted test images (one seeded subset for every shift)" if n else ""
     text = (
-        f"The baseline's accuracy falls from {100 * acc[0]:.1f}% at {found[0][0]:g}° to "
-        f"{100 * acc[1]:.1f}% at {found[-1][0]:g}°"
+        f"The baseline's accuracy{where} falls from {100 * acc[0]:.1f}% at {found[0][0]:g}° "
+        f"to {100 * acc[1]:.1f}% at {found[-1][0]:g}°"
     )
     if gaps:
         best = max(gaps, key=lambda g: (large_gap(g), g.predictor))

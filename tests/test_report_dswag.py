@@ -563,9 +563,9 @@ def test_the_overview_gives_the_main_runs_clients_and_rounds() -> None:
     params = {**inputs.params, "finetune": {**inputs.params["finetune"], "fed": setting}}
     text = overview(dataclasses.replace(inputs, params=params))
     assert text is not None
-    assert (
-        "On trajectory fed (10 clients, at most 20 FedAvg rounds in phase 1, no target): " in text
-    )
+    assert "On trajectory fed (10 clients, 20 FedAvg rounds in phase 1): " in text
     setting["phase1"] = {"rounds": 20, "target_accuracy": 0.9}
     text = overview(dataclasses.replace(inputs, params=params))
-    assert text is not None and "phase 1, stopping at 90.00% train accuracy): " in text
+    assert (
+        text is not None and "(10 clients, phase 1 until 90.00% train accuracy, at most 20 " in text
+    )

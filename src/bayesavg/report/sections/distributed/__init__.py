@@ -28,9 +28,10 @@ def _setting(inputs: ReportInputs, trajectory: str) -> str:
     phase1 = phase1 if isinstance(phase1, dict) else {}
     rounds, target = phase1.get("rounds"), phase1.get("target_accuracy")
     parts = [f"{clients} clients"] if clients is not None else []
-    if rounds is not None:
-        stop = f"stopping at {pct(target)} train accuracy" if target else "no target"
-        parts.append(f"at most {rounds} FedAvg rounds in phase 1, {stop}")
+    if rounds is not None and target:
+        parts.append(f"phase 1 until {pct(target)} train accuracy, at most {rounds} rounds")
+    elif rounds is not None:
+        parts.append(f"{rounds} FedAvg rounds in phase 1")
     return f" ({', '.join(parts)})" if parts else ""
 
 

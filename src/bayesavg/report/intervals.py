@@ -46,7 +46,7 @@ def _confidence(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return log_probs.double().exp().max(1).values
 
 
-def mean_confidence(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _mean_confidence(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The mean over points of the largest averaged probability (how sure it claims to be)."""
     return _confidence(log_probs, y).mean()
 
@@ -70,7 +70,7 @@ FULL: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "brier": brier,
     "ece": ece,
     **{key: _selective(key) for key in SELECTIVE},
-    "confidence": mean_confidence,  # compared on request (DSWAG's 'more confident' claim)
+    "confidence": _mean_confidence,  # compared on request (DSWAG's 'more confident' claim)
 }
 LOWER_IS_BETTER = {
     "accuracy": False,

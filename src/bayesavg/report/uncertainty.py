@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from . import parallel
 from .inputs import PredictorResult, ReportInputs
 from .intervals import SELECTIVE, Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
 
@@ -159,23 +160,17 @@ def calibrated_estimates(p: PredictorResult, s: Settings) -> dict[str, Estimate]
     return {m: bootstrap(m, lp, y, s.resamples, s.seed, s.level, ECE_BINS) for m in CALIBRATED}
 
 
-def calibrated_comparisons(inputs: ReportInputs, s: Settings) -> dict[str, Interval]:
-    """Each predictor's calibrated NLL against the calibrated baseline's, paired."""
-    by_name = {p.name: p for p in inputs.predictors}
-    base = by_name.get(inputs.baseline)
-    ref = tempered(base) if base is not None else None
-    if ref is None:
-        return {}
-    out = {}
-    for p in inputs.predictors:
-        cand = tempered(p)
-        if p is base or cand is None or cand[0].shape != ref[0].shape:
-            continue
-        if torch.equal(cand[1], ref[1]):
-            out[p.name] = paired_bootstrap(
-                "nll", ref[0], cand[0], ref[1], s.resamples, s.seed, s.level, ECE_BINS
-            )
-    return out
+def calibrated_comparison(
+    base: PredictorResult, p: PredictorResult, s: Settings
+) -> Interval | None:
+    """``p``'s calibrated NLL against the calibrated baseline's, paired; None unless both
+    have a temperature and predictions on the same labels."""
+    ref, cand = tempered(base), tempered(p)
+    if ref is None or cand is None or cand[0].shape != ref[0].shape:
+        return None
+    if not torch.equal(cand[1], ref[1]):
+        return None
+    return paired_bootstrap("nll", ref[0], cand[0], ref[1], s.resamples, s.seed, s.level, ECE_BINS)
 
 
 def estimates(p: PredictorResult, s: Settings) -> dict[str, Estimate]:
@@ -246,20 +241,27 @@ def per_inputs(build: Callable[[ReportInputs], T]) -> Callable[[ReportInputs], T
 @per_inputs
 def compute(inputs: ReportInputs) -> Uncertainty:
     """Every estimate and comparison the report shows, with the params' settings; once
-    per inputs, as the headline, the Distributed SWAG section and the tables share it."""
+    per inputs, as the headline, the Distributed SWAG section and the tables share it.
+    Each predictor's intervals and each comparison is a job of its own, on every usable
+    core (``parallel``)."""
     s = settings(inputs.params)
-    found = {p.name: e for p in inputs.predictors if (e := estimates(p, s))}
-    comparisons = {
-        (r.name, c.name): comp
-        for r, c in compared_pairs(inputs)
-        if (comp := compare(r, c, s)) is not None
-    }
-    calibrated = {p.name: e for p in inputs.predictors if (e := calibrated_estimates(p, s))}
-    return Uncertainty(
-        s,
-        found,
-        comparisons,
-        calibrated,
-        calibrated_comparisons(inputs, s),
-        {p.name: p for p in inputs.predictors},
-    )
+    by_name = {p.name: p for p in inputs.predictors}
+    base = by_name.get(inputs.baseline)
+    pairs = compared_pairs(inputs)
+    calibrated_vs = [p for p in inputs.predictors if base is not None and p is not base]
+    jobs: list[Callable[[], Any]] = [
+        *(functools.partial(estimates, p, s) for p in inputs.predictors),
+        *(functools.partial(compare, r, c, s) for r, c in pairs),
+        *(functools.partial(calibrated_estimates, p, s) for p in inputs.predictors),
+        *(functools.partial(calibrated_comparison, base, p, s) for p in calibrated_vs),
+    ]
+    done = iter(parallel.fork_map(_run, jobs))
+    found = {p.name: e for p in inputs.predictors if (e := next(done))}
+    comparisons = {(r.name, c.name): comp for r, c in pairs if (comp := next(done)) is not None}
+    calibrated = {p.name: e for p in inputs.predictors if (e := next(done))}
+    vs_baseline = {p.name: i for p in calibrated_vs if (i := next(done)) is not None}
+    return Uncertainty(s, found, comparisons, calibrated, vs_baseline, by_name)
+
+
+def _run(job: Callable[[], T]) -> T:
+    return job()

@@ -15,7 +15,9 @@ one where the stages compute on a GPU. The bytes are those of a plain ``dvc repr
 a stage's result depends on its thread count, not on what runs beside it.
 
 The stages' MLflow runs form one execution (``BAYESAVG_EXECUTION``, which
-``stages/_execution.py`` reads), as under one ``dvc repro``.
+``stages/_execution.py`` reads), as under one ``dvc repro``. Their tracking workers are
+forked from one warm process (``tracking_forks``) instead of each importing
+mlflow anew: 2 s of CPU less per stage.
 
 Usage: ``python scripts/repro.py [--jobs N] [--force] [STAGE ...]``: the stages named
 and their upstream (default: all). Exit code: the first failed stage's, else 0.
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import stage_ledger
+import tracking_forks
 
 from bayesavg.runtime import launch, numerics
 
@@ -163,11 +166,13 @@ def run(
     jobs: int,
     force: bool,
     seconds: Mapping[str, float],
+    extra_env: Mapping[str, str] | None = None,
 ) -> int:
-    """Run ``todo`` in dependency order, ``jobs`` at a time; return the exit code."""
+    """Run ``todo`` in dependency order, ``jobs`` at a time; return the exit code.
+    ``extra_env``: for the stages' environment (the tracking fork server's socket)."""
     rank = priorities(upstream, seconds)
     order = {stage: i for i, stage in enumerate(upstream)}
-    env = execution_env(jobs)
+    env = {**execution_env(jobs), **(extra_env or {})}
     width = max((len(s) for s in todo), default=0)
     lock = threading.Lock()
     done: queue.Queue[tuple[str, int, float]] = queue.Queue()
@@ -272,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{len(todo)} of {len(upstream)} stages to check, {jobs} at a time", flush=True)
     seconds = {**hinted, **last_seconds(Path.cwd())}
-    return run(upstream, todo, jobs, args.force, seconds)
+    with tracking_forks.serving() as forked_workers:
+        return run(upstream, todo, jobs, args.force, seconds, forked_workers)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,25 @@ def test_every_stage_joins_the_runner_s_execution(monkeypatch: pytest.MonkeyPatc
     # no empty tag outside `dvc exp run`; the experiment's name inside it
     assert "dvc_exp_name" not in found and all(found.values())
     assert _execution.described(1, 0.0, "wide", "dvc exp")["dvc_exp_name"] == "wide"
+
+
+# A stage that opens a tracked run and writes how its tracking worker came to be.
+TRACKED = (
+    "import pathlib, sys\n"
+    "from bayesavg.tracking.worker import Tracker\n"
+    "root = pathlib.Path.cwd()\n"
+    "tracker = Tracker.spawn(f'sqlite:///{root}/mlflow.db', (root / 'art').as_uri())\n"
+    "with tracker.run(sys.argv[1], experiment='e', tags={}, inputs={}) as run:\n"
+    "    run.log_metrics({'m': 1.0})\n"
+    "pathlib.Path(sys.argv[1] + '.txt').write_text(type(tracker._proc).__name__)"
+)
+
+
+def test_the_stages_tracking_workers_are_forked_from_one_server(tmp_path: Path) -> None:
+    stages = {n: {"cmd": f"python tracked.py {n}", "outs": [f"{n}.txt"]} for n in "ab"}
+    stages["b"]["deps"] = ["a.txt"]  # not side by side: two stages creating one store race
+    repo = _toy(tmp_path, stages)
+    (repo / "tracked.py").write_text(TRACKED)
+    _repro(repo, "--jobs", "2")
+    assert [(repo / f"{n}.txt").read_text() for n in "ab"] == ["Forked", "Forked"]
+    assert not list(Path(tempfile.gettempdir()).glob("bayesavg-forks-*/socket"))

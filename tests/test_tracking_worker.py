@@ -1,18 +1,47 @@
-"""The tracking worker: a stage's MLflow calls carried out in order by a helper process."""
+"""The tracking worker: a stage's MLflow calls carried out in order by a helper process,
+spawned by the stage or forked by ``scripts/repro.py``'s server (every test runs both)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from bayesavg.tracking import forks
 from bayesavg.tracking.worker import Tracker, TrackingError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import tracking_forks
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[dict[str, str]]:
+    with tracking_forks.serving() as env:
+        yield env
+
+
+@pytest.fixture(autouse=True, params=["spawned", "forked"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.delenv(forks.FORKS_ENV, raising=False)
+    if request.param == "forked":
+        for key, value in request.getfixturevalue("server").items():
+            monkeypatch.setenv(key, value)
+    yield request.param
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> tuple[str, str]:
     return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
+
+
+def test_the_worker_comes_as_asked(store: tuple[str, str], transport: str) -> None:
+    tracker = Tracker.spawn(*store)
+    kind = type(tracker._proc).__name__
+    tracker.discard()
+    assert kind == {"spawned": "Popen", "forked": "Forked"}[transport]
 
 
 def _run(store: tuple[str, str], run_id: str) -> object:
@@ -103,17 +132,20 @@ def test_upstream_runs_are_found_by_the_bytes_they_wrote(store: tuple[str, str])
     assert not any(k.startswith("upstream.") for k in _run(store, stale.run_id).data.tags)
 
 
-def test_a_broken_store_is_an_error_not_a_hang(tmp_path: Path) -> None:
+def test_a_broken_store_is_an_error_not_a_hang(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """A store that cannot open (its "directory" is a file): the stage gets a
     TrackingError pointing at the worker's own error above, and does not wait forever."""
     (tmp_path / "a-file").write_text("not a directory")
     bad = f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"
     tracker = Tracker.spawn(bad, (tmp_path / "artifacts").as_uri())
     with (
-        pytest.raises(TrackingError, match="tracking worker stopped"),
+        pytest.raises(TrackingError, match=r"tracking worker stopped \(exit code 1\)"),
         tracker.run("s", experiment="e", tags={}, inputs={}) as run,
     ):
         _ = run.run_id
+    assert "Traceback" in capfd.readouterr().err  # "above": on the stage's own stderr
 
 
 def test_experiments_open_as_model_training_and_runs_name_their_source(

@@ -35,6 +35,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from . import forks
+
 KILLED = "KILLED"  # a run whose stage died without ending it
 
 
@@ -45,7 +47,7 @@ class TrackingError(RuntimeError):
 class Tracker:
     """The stage's side of a tracking worker process."""
 
-    def __init__(self, proc: subprocess.Popen[str], tracking_uri: str = "") -> None:
+    def __init__(self, proc: subprocess.Popen[str] | forks.Forked, tracking_uri: str = "") -> None:
         self._proc = proc
         self.tracking_uri = tracking_uri
         self._ready: dict[str, Any] | None = None  # the worker's first answer
@@ -56,10 +58,12 @@ class Tracker:
     def spawn(
         cls, tracking_uri: str, artifact_location: str, spool_dir: str | Path | None = None
     ) -> Tracker:
-        """Start a worker; ``spool_dir``: where calls that cannot be sent are kept."""
-        args = [sys.executable, "-m", "bayesavg.tracking.worker", tracking_uri, artifact_location]
-        proc = subprocess.Popen(
-            args + ([str(spool_dir)] if spool_dir is not None else []),
+        """Start a worker; ``spool_dir``: where calls that cannot be sent are kept. Under
+        ``scripts/repro.py`` it is forked from a warm server (``forks``), else spawned."""
+        args = [tracking_uri, artifact_location]
+        args += [str(spool_dir)] if spool_dir is not None else []
+        proc = forks.request(args) or subprocess.Popen(
+            [sys.executable, "-m", "bayesavg.tracking.worker", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

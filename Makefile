@@ -118,6 +118,7 @@ bench: bench-install
 	python benchmarks/reference.py
 	python benchmarks/streaming.py
 	python benchmarks/outage.py
+	python benchmarks/overhead.py
 
 # On a CUDA machine, three invocations of at most 8 minutes each, into one JSON file
 # (GPU_CHECK_OUT, started afresh; each part's result is in it as soon as it ends):

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from test_report_analyses import _inputs
 
 from bayesavg.report import ReportInputs, document, parallel, write_report
@@ -65,6 +66,17 @@ def test_a_failing_item_raises_its_error_here(two: None) -> None:
     with pytest.raises(ValueError, match="item 3 is bad"):
         parallel.fork_map(_fails, list(range(6)))
     assert parallel._job is None  # nothing of the failed map is left for the next one
+
+
+def test_no_fork_where_torch_computes_on_several_threads(two: None) -> None:
+    """A child forked after torch's OpenMP pool exists can hang: run here instead."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (torch.randn(256, 256) @ torch.randn(256, 256)).sum()  # the pool exists now
+        assert [pid for _, pid in parallel.fork_map(_pid_of, [1, 2, 3])] == [os.getpid()] * 3
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize(("threads", "cores", "expected"), [("1", 2, 2), ("2", 2, 1), ("3", 8, 2)])

@@ -12,16 +12,19 @@ of receiving a pickled copy; only an index goes out and a result comes back. Res
 come back in the order of the items, and each is what the same call returns here, so
 the report's bytes do not depend on how many processes ran (tests compare 1 with 2).
 
-The process that forks must not have run torch on several threads yet: a forked
-child of a process whose OpenMP pool exists can hang at its first parallel region.
-The report computes nothing with torch before its first ``fork_map``, and one process
-(``BAYESAVG_THREADS`` at or above the cores, or no ``fork`` on this platform) runs
-everything here.
+A child forked from a process whose OpenMP thread pool exists hangs at its first
+parallel region (GNU OpenMP is not fork-safe; seen here: ``write_report`` called after
+torch had computed on 2 threads never returned). torch on one intra-op thread never
+starts that pool, so ``fork_map`` forks only where torch is not imported yet or runs
+one thread, as every stage does at the default ``BAYESAVG_THREADS``. Otherwise, and
+where one process is all the cores hold or ``fork`` does not exist, everything runs
+here, with the same results.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, TypeVar
@@ -46,7 +49,7 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(item) for item in items]``, on up to ``processes()`` forked processes."""
     global _job
     n = min(len(items), processes())
-    if n <= 1 or _forked or "fork" not in multiprocessing.get_all_start_methods():
+    if n <= 1 or _forked or not _can_fork():
         return [fn(item) for item in items]
     _job = (fn, items)
     try:
@@ -55,6 +58,14 @@ def fork_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
             return list(pool.map(_call, range(len(items))))
     finally:
         _job = None
+
+
+def _can_fork() -> bool:
+    """Whether a forked child can run torch: no OpenMP pool can exist here yet."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or torch.get_num_threads() == 1
 
 
 def _call(index: int) -> Any:

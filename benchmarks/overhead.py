@@ -108,19 +108,23 @@ def tracking(rounds: int) -> dict[str, Any]:
 
 
 def report(rounds: int) -> dict[str, Any]:
-    many = parallel.processes()
+    usable = parallel.processes
+    many = usable()
     seconds: dict[str, list[float]] = {"one": [], "many": []}
     written: dict[str, dict[str, bytes]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            for name in timing.rotation(["one", "many"], r):
-                n = 1 if name == "one" else many
-                parallel.processes = lambda n=n: n  # type: ignore[method-assign]
-                inputs = _inputs()  # fresh: nothing cached from a previous round
-                with timing.Stopwatch() as watch:
-                    paths = write_report(inputs, Path(tmp) / f"{name}{r}")
-                seconds[name].append(watch.seconds)
-                written[name] = {k: p.read_bytes() for k, p in paths.items()}
+        try:
+            for r in range(rounds):
+                for name in timing.rotation(["one", "many"], r):
+                    n = 1 if name == "one" else many
+                    parallel.processes = lambda n=n: n  # type: ignore[method-assign]
+                    inputs = _inputs()  # fresh: nothing cached from a previous round
+                    with timing.Stopwatch() as watch:
+                        paths = write_report(inputs, Path(tmp) / f"{name}{r}")
+                    seconds[name].append(watch.seconds)
+                    written[name] = {k: p.read_bytes() for k, p in paths.items()}
+        finally:
+            parallel.processes = usable  # type: ignore[method-assign]
     out: dict[str, Any] = {"processes": many, "seconds": timing.rounded(seconds, 3)}
     out.update(
         timing.ratio_fields("many_over_one", timing.ratio(seconds["many"], seconds["one"]), 3)
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results: dict[str, Any] = {
         "machine": {
-            "cpu_count": parallel.numerics.usable_cores(),
+            "cpu_count": numerics.usable_cores(),
             "python": platform.python_version(),
             "platform": platform.platform(),
             "load_average_start": timing.load_average(),

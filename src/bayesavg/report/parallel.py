@@ -6,11 +6,11 @@ and the intervals. Written one after another they took 30 s of the pipeline's la
 stage, which nothing else runs beside (8.5 s of intervals, 21.7 s of sections, on
 one core of this project's 2-core machine; 6.3 s and 12.3 s on two). ``fork_map``
 runs them in forked processes, as many as the usable cores hold at
-``BAYESAVG_THREADS`` threads each.
-Forked, the processes inherit the inputs (tens of MB of per-point predictions) instead
-of receiving a pickled copy; only an index goes out and a result comes back. Results
-come back in the order of the items, and each is what the same call returns here, so
-the report's bytes do not depend on how many processes ran (tests compare 1 with 2).
+``BAYESAVG_THREADS`` threads each. Forked, the processes inherit the inputs (tens of
+MB of per-point predictions) instead of receiving a pickled copy; only an index goes
+out and a result comes back. Results come back in the order of the items, and each is
+what the same call returns here, so the report's bytes do not depend on how many
+processes ran (tests compare 1 with 2).
 
 A child forked from a process whose OpenMP thread pool exists hangs at its first
 parallel region (GNU OpenMP is not fork-safe; seen here: ``write_report`` called after

@@ -77,6 +77,7 @@ def request(args: list[str], environ: Mapping[str, str] | None = None) -> Forked
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     worker_in, stage_out = os.pipe()  # the stage writes calls, the worker reads them
     stage_in, worker_out = os.pipe()  # the worker answers, the stage reads
+    answers: IO[str] | None = None  # the server's lines on the connection
     try:
         conn.settimeout(HANDSHAKE_SECONDS)
         conn.connect(path)
@@ -92,9 +93,10 @@ def request(args: list[str], environ: Mapping[str, str] | None = None) -> Forked
         answers = conn.makefile("r")
         answer = json.loads(answers.readline() or "{}")
         if "pid" not in answer:
-            answers.close()
             raise OSError(answer.get("error", "no answer"))
     except (OSError, ValueError):
+        if answers is not None:
+            answers.close()
         conn.close()
         for fd in (worker_in, stage_out, stage_in, worker_out):
             os.close(fd)

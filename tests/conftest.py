@@ -7,7 +7,8 @@ from bayesavg.runtime import numerics
 numerics.pin()  # before torch, as every stage does: tests compute what the stages compute
 
 import dataclasses
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -206,3 +207,19 @@ def bn_swag_posterior(
     path = tmp_path_factory.mktemp("bn") / "posterior.pt"
     save_posterior(path, posterior)
     return path
+
+
+@pytest.fixture
+def mlflow_store(tmp_path: Path) -> tuple[str, str]:
+    """A fresh MLflow store: its tracking URI and artifact location."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
+
+
+@pytest.fixture(scope="module")
+def forks_server() -> Iterator[dict[str, str]]:
+    """``scripts/tracking_forks.py``'s server, running: the variables that lead a stage to it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import tracking_forks
+
+    with tracking_forks.serving() as env:
+        yield env

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,49 +31,38 @@ STAGE = (
 )
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[dict[str, str]]:
-    with tracking_forks.serving() as env:
-        yield env
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> tuple[str, str]:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
-
-
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
 def test_a_forked_worker_works_in_the_stage_s_directory(
-    server: dict[str, str],
-    store: tuple[str, str],
+    forks_server: dict[str, str],
+    mlflow_store: tuple[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    for key, value in server.items():
+    for key, value in forks_server.items():
         monkeypatch.setenv(key, value)
-    tracker = Tracker.spawn(*store)
+    tracker = Tracker.spawn(*mlflow_store)
     pid = tracker._proc.pid
     assert type(tracker._proc).__name__ == "Forked" and pid != os.getpid()
     with tracker.run("s", experiment="e", tags={}, inputs={}) as run:
         _ = run.run_id  # the worker has answered: it is set up
         assert Path(f"/proc/{pid}/cwd").resolve() == tmp_path.resolve()
         run.log_metrics({"m": 1.0})
-    assert MlflowClient(tracking_uri=store[0]).get_run(run.run_id).info.status == "FINISHED"
+    assert MlflowClient(tracking_uri=mlflow_store[0]).get_run(run.run_id).info.status == "FINISHED"
     assert tracker._proc.wait() == 0
 
 
 def test_a_killed_stage_leaves_its_forked_worker_to_mark_the_run_killed(
-    server: dict[str, str], store: tuple[str, str], tmp_path: Path
+    forks_server: dict[str, str], mlflow_store: tuple[str, str], tmp_path: Path
 ) -> None:
     stage = subprocess.Popen(
-        [sys.executable, "-c", STAGE, *store],
+        [sys.executable, "-c", STAGE, *mlflow_store],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, **server},
+        env={**os.environ, **forks_server},
         cwd=tmp_path,
     )
     assert stage.stdout is not None
@@ -82,7 +70,8 @@ def test_a_killed_stage_leaves_its_forked_worker_to_mark_the_run_killed(
     assert kind == "Forked"
     stage.kill()  # SIGKILL: the stage says nothing; its pipe to the worker closes
     stage.wait()
-    client = MlflowClient(tracking_uri=store[0])
+    stage.stdout.close()
+    client = MlflowClient(tracking_uri=mlflow_store[0])
     deadline = time.monotonic() + 30
     while client.get_run(run_id).info.status == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -90,26 +79,26 @@ def test_a_killed_stage_leaves_its_forked_worker_to_mark_the_run_killed(
 
 
 def test_without_a_server_the_stage_spawns_its_worker(
-    store: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlflow_store: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(forks.FORKS_ENV, str(tmp_path / "no-such-socket"))
     before = _open_fds()
-    assert forks.request([*store]) is None
+    assert forks.request([*mlflow_store]) is None
     assert _open_fds() == before  # the pipes meant for the worker are closed again
-    tracker = Tracker.spawn(*store)
+    tracker = Tracker.spawn(*mlflow_store)
     assert type(tracker._proc).__name__ == "Popen"
     tracker.discard()
 
 
 def test_a_server_of_another_interpreter_is_not_used(
-    server: dict[str, str], store: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    forks_server: dict[str, str], mlflow_store: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its workers would run another environment's packages: the stage spawns its own."""
-    for key, value in server.items():
+    for key, value in forks_server.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(sys, "prefix", "/elsewhere/venv")
     before = _open_fds()
-    assert forks.request([*store]) is None
+    assert forks.request([*mlflow_store]) is None
     assert _open_fds() == before
 
 

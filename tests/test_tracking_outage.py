@@ -179,7 +179,7 @@ def test_a_call_the_store_refuses_is_kept_aside_and_the_replay_goes_on(
     monkeypatch.setattr(store, "open_run", real)
     [spooled] = list((tmp_path / "spool").glob("*.jsonl"))
     assert spool_module.replay(spooled, uri, art) == 4
-    [refused] = [json.loads(line) for line in (tmp_path / "spool" / "refused.jsonl").open()]
+    [refused] = map(json.loads, (tmp_path / "spool" / "refused.jsonl").read_text().splitlines())
     assert refused["call"]["op"] == "log_artifact" and "gone.txt" in refused["error"]
     assert "refused a spooled log_artifact" in capsys.readouterr().err
     client = store_client(uri)
@@ -282,6 +282,13 @@ def test_a_stage_stops_before_computing_when_the_server_is_down(tmp_path: Path) 
     assert seconds < 15
 
 
+def _stderr(proc: subprocess.Popen[str]) -> str:
+    """What the worker wrote to its stderr, the pipe closed after."""
+    assert proc.stderr is not None
+    with proc.stderr:
+        return proc.stderr.read()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """One server for the module (a start takes seconds); a test that kills it starts it
@@ -312,7 +319,7 @@ def test_a_real_server_killed_mid_run_loses_nothing(server: MlflowServer, tmp_pa
         run.log_metrics({"epoch_loss": 0.5}, step=2)
         run.log_params({"lr": 0.05})
         run.log_artifact(root / "after.txt")
-    stderr = proc.stderr.read() if proc.stderr else ""
+    stderr = _stderr(proc)
     assert proc.returncode == 0
     assert "tracking calls are kept in" in stderr and "bayesavg track --sync" in stderr
     server.start()
@@ -356,7 +363,7 @@ def test_a_server_answering_errors_mid_run_loses_nothing(
             run.log_metrics({"epoch_loss": 0.5}, step=2)
             run.log_params({"lr": 0.05})
         seconds = time.perf_counter() - started
-        stderr = proc.stderr.read() if proc.stderr else ""
+        stderr = _stderr(proc)
         assert proc.returncode == 0 and proxy.failed >= 1
         assert "tracking calls are kept in" in stderr and "503" in stderr, stderr
         assert seconds < 60  # bounded retries, stated in the README

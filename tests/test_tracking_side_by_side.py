@@ -66,6 +66,7 @@ def test_the_lock_is_one_per_store_and_name_and_held_across_processes(tmp_path: 
     with serialized(uri, "k"):
         assert done.exists(), "the lock was taken while the other process held it"
     assert proc.wait(timeout=60) == 0
+    proc.stdout.close()
     with serialized(uri, "other"), serialized(uri, "k"):  # free again, and per name
         pass
 

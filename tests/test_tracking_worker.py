@@ -3,7 +3,7 @@ spawned by the stage or forked by ``scripts/repro.py``'s server (every test runs
 
 from __future__ import annotations
 
-import sys
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,45 +13,44 @@ from mlflow.tracking import MlflowClient
 from bayesavg.tracking import forks
 from bayesavg.tracking.worker import Tracker, TrackingError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import tracking_forks
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[dict[str, str]]:
-    with tracking_forks.serving() as env:
-        yield env
-
 
 @pytest.fixture(autouse=True, params=["spawned", "forked"])
 def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.delenv(forks.FORKS_ENV, raising=False)
     if request.param == "forked":
-        for key, value in request.getfixturevalue("server").items():
+        for key, value in request.getfixturevalue("forks_server").items():
             monkeypatch.setenv(key, value)
     yield request.param
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> tuple[str, str]:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
-
-
-def test_the_worker_comes_as_asked(store: tuple[str, str], transport: str) -> None:
-    tracker = Tracker.spawn(*store)
+def test_the_worker_comes_as_asked(mlflow_store: tuple[str, str], transport: str) -> None:
+    tracker = Tracker.spawn(*mlflow_store)
     kind = type(tracker._proc).__name__
     tracker.discard()
     assert kind == {"spawned": "Popen", "forked": "Forked"}[transport]
 
 
-def _run(store: tuple[str, str], run_id: str) -> object:
-    return MlflowClient(tracking_uri=store[0]).get_run(run_id)
+@pytest.mark.parametrize("end", ["close", "discard"])
+def test_a_tracker_s_end_closes_its_pipes(mlflow_store: tuple[str, str], end: str) -> None:
+    """Closed or discarded, a worker leaves no descriptor of the stage's open (a stage
+    may open several workers; a pipe left to the garbage collector warns)."""
+    before = set(os.listdir("/proc/self/fd"))
+    tracker = Tracker.spawn(*mlflow_store)
+    assert tracker.unreachable() is None
+    getattr(tracker, end)()
+    assert set(os.listdir("/proc/self/fd")) == before
 
 
-def test_a_run_is_logged_in_order_and_finished(store: tuple[str, str], tmp_path: Path) -> None:
+def _run(mlflow_store: tuple[str, str], run_id: str) -> object:
+    return MlflowClient(tracking_uri=mlflow_store[0]).get_run(run_id)
+
+
+def test_a_run_is_logged_in_order_and_finished(
+    mlflow_store: tuple[str, str], tmp_path: Path
+) -> None:
     artifact = tmp_path / "table.csv"
     artifact.write_text("a,b\n1,2\n")
-    with Tracker.spawn(*store).run(
+    with Tracker.spawn(*mlflow_store).run(
         "finetune@x",
         experiment="e",
         tags={"dvc_stage": "finetune@x"},
@@ -62,45 +61,47 @@ def test_a_run_is_logged_in_order_and_finished(store: tuple[str, str], tmp_path:
         run.log_history([{"epoch": 1, "loss": 0.5}, {"epoch": 2, "loss": float("nan")}])
         run.log_artifact(artifact, "plots")
         run.mark_outputs({"models/x/posterior.pt": "abc"})
-    got = _run(store, run.run_id)
+    got = _run(mlflow_store, run.run_id)
     assert got.info.status == "FINISHED" and got.info.run_name == "finetune@x"
     assert got.info.start_time == 1_700_000_000_000, "the stage's start, not the worker's"
     assert got.data.params == {"lr": "0.1", "nested.k": "[1, 2]"}
     assert got.data.tags["bayesavg.output.models/x/posterior.pt"] == "abc"
-    history = MlflowClient(tracking_uri=store[0]).get_metric_history(run.run_id, "loss")
+    history = MlflowClient(tracking_uri=mlflow_store[0]).get_metric_history(run.run_id, "loss")
     assert [m.step for m in history] == [1, 2]
     assert list((tmp_path / "mlartifacts").rglob("table.csv"))
 
 
-def test_an_exception_ends_the_run_failed(store: tuple[str, str]) -> None:
+def test_an_exception_ends_the_run_failed(mlflow_store: tuple[str, str]) -> None:
     with (
         pytest.raises(KeyError),
-        Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}) as run,
+        Tracker.spawn(*mlflow_store).run("s", experiment="e", tags={}, inputs={}) as run,
     ):
         run_id = run.run_id
         raise KeyError("the stage's own error propagates")
-    assert _run(store, run_id).info.status == "FAILED"
+    assert _run(mlflow_store, run_id).info.status == "FAILED"
 
 
 def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
-    store: tuple[str, str],
+    mlflow_store: tuple[str, str],
 ) -> None:
-    tracker = Tracker.spawn(*store)
+    tracker = Tracker.spawn(*mlflow_store)
     tracker.send("start", run_name="s", experiment="e", tags={}, inputs={}, resume=None)
     assert tracker.unreachable() is None  # the first answer: the store is reachable
     run_id = tracker.receive()["run_id"]  # the worker answers a start with the run's id
     tracker.close()  # what SIGKILL does to the stage's end of the pipe
-    assert _run(store, run_id).info.status == "KILLED"
-    with Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}, resume=run_id) as run:
+    assert _run(mlflow_store, run_id).info.status == "KILLED"
+    with Tracker.spawn(*mlflow_store).run(
+        "s", experiment="e", tags={}, inputs={}, resume=run_id
+    ) as run:
         run.log_metrics({"resumed": 1.0})
     assert run.run_id == run_id
-    assert _run(store, run_id).info.status == "FINISHED"
+    assert _run(mlflow_store, run_id).info.status == "FINISHED"
 
 
-def test_one_worker_serves_runs_one_after_another(store: tuple[str, str]) -> None:
+def test_one_worker_serves_runs_one_after_another(mlflow_store: tuple[str, str]) -> None:
     """A stage with several units (the predictors of one trajectory) keeps one worker:
     each run gets its own id, metrics and FINISHED status, whatever order ids are read."""
-    tracker = Tracker.spawn(*store)
+    tracker = Tracker.spawn(*mlflow_store)
     runs = []
     for name in ("evaluate@a", "evaluate@b", "evaluate@c"):
         with tracker.run(name, experiment="e", tags={}, inputs={}, close=False) as run:
@@ -112,24 +113,24 @@ def test_one_worker_serves_runs_one_after_another(store: tuple[str, str]) -> Non
     for i, (run_id, name) in enumerate(
         zip(ids, ("evaluate@a", "evaluate@b", "evaluate@c"), strict=True)
     ):
-        got = _run(store, run_id)
+        got = _run(mlflow_store, run_id)
         assert got.info.run_name == name and got.info.status == "FINISHED"
         assert got.data.metrics == {"nll": float(i)}
 
 
-def test_upstream_runs_are_found_by_the_bytes_they_wrote(store: tuple[str, str]) -> None:
-    with Tracker.spawn(*store).run("finetune@a", experiment="e", tags={}, inputs={}) as up:
+def test_upstream_runs_are_found_by_the_bytes_they_wrote(mlflow_store: tuple[str, str]) -> None:
+    with Tracker.spawn(*mlflow_store).run("finetune@a", experiment="e", tags={}, inputs={}) as up:
         up.mark_outputs({"models/a/posterior.pt": "sha-1"})
-    with Tracker.spawn(*store).run(
+    with Tracker.spawn(*mlflow_store).run(
         "evaluate@a", experiment="e", tags={}, inputs={"models/a/posterior.pt": "sha-1"}
     ) as down:
         pass
-    with Tracker.spawn(*store).run(
+    with Tracker.spawn(*mlflow_store).run(
         "evaluate@b", experiment="e", tags={}, inputs={"models/a/posterior.pt": "other"}
     ) as stale:
         pass
-    assert _run(store, down.run_id).data.tags["upstream.finetune@a"] == up.run_id
-    assert not any(k.startswith("upstream.") for k in _run(store, stale.run_id).data.tags)
+    assert _run(mlflow_store, down.run_id).data.tags["upstream.finetune@a"] == up.run_id
+    assert not any(k.startswith("upstream.") for k in _run(mlflow_store, stale.run_id).data.tags)
 
 
 def test_a_broken_store_is_an_error_not_a_hang(
@@ -149,20 +150,24 @@ def test_a_broken_store_is_an_error_not_a_hang(
 
 
 def test_experiments_open_as_model_training_and_runs_name_their_source(
-    store: tuple[str, str],
+    mlflow_store: tuple[str, str],
 ) -> None:
     """The kind tag on a new experiment and on one made before it existed; MLflow's own
     source tags fill the UI's Source, User and Version columns (run.info.user_id too)."""
     from bayesavg.tracking.source import source_tags
     from bayesavg.tracking.store import EXPERIMENT_KIND, open_run
 
-    client = MlflowClient(tracking_uri=store[0])
-    old = client.create_experiment("old", artifact_location=store[1])
+    client = MlflowClient(tracking_uri=mlflow_store[0])
+    old = client.create_experiment("old", artifact_location=mlflow_store[1])
     assert "mlflow.experimentKind" not in client.get_experiment(old).tags
     tags = source_tags("stages/evaluate.py", "abc123-dirty")
     for name in ("new", "old"):
         run = open_run(
-            "s", tracking_uri=store[0], artifact_location=store[1], experiment=name, tags=tags
+            "s",
+            tracking_uri=mlflow_store[0],
+            artifact_location=mlflow_store[1],
+            experiment=name,
+            tags=tags,
         )
         run.terminate()
         exp = client.get_experiment_by_name(name)
@@ -174,9 +179,9 @@ def test_experiments_open_as_model_training_and_runs_name_their_source(
         assert got.info.user_id == tags["mlflow.user"] != ""
 
 
-def test_dataset_inputs_show_name_digest_and_split(store: tuple[str, str]) -> None:
+def test_dataset_inputs_show_name_digest_and_split(mlflow_store: tuple[str, str]) -> None:
     sha = "ab" * 32
-    with Tracker.spawn(*store).run("s", experiment="e", tags={}, inputs={}) as run:
+    with Tracker.spawn(*mlflow_store).run("s", experiment="e", tags={}, inputs={}) as run:
         run.log_datasets(
             [
                 {
@@ -188,7 +193,7 @@ def test_dataset_inputs_show_name_digest_and_split(store: tuple[str, str]) -> No
                 {"name": "mnist5k-test", "digest": sha, "source": "/d/test.pt", "context": "test"},
             ]
         )
-    got = _run(store, run.run_id).inputs.dataset_inputs
+    got = _run(mlflow_store, run.run_id).inputs.dataset_inputs
     found = {(d.dataset.name, d.dataset.digest, d.dataset.source, d.tags[0].value) for d in got}
     assert found == {
         ("mnist5k-train", sha[:36], '{"uri": "/d/train.pt"}', "train"),

@@ -80,6 +80,8 @@ class Tracker:
 
     def send(self, op: str, **fields: Any) -> None:
         assert self._proc.stdin is not None
+        if self._proc.stdin.closed:  # the worker has ended (``_failure``) or was closed
+            raise TrackingError(self._failure())
         try:
             self._proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
             self._proc.stdin.flush()
@@ -88,7 +90,7 @@ class Tracker:
 
     def receive(self) -> dict[str, Any]:
         assert self._proc.stdout is not None
-        line = self._proc.stdout.readline()
+        line = "" if self._proc.stdout.closed else self._proc.stdout.readline()
         if not line:
             raise TrackingError(self._failure())
         return json.loads(line)
@@ -109,20 +111,30 @@ class Tracker:
 
     def _failure(self) -> str:
         code = self._proc.wait()
+        self._release()
         return f"the MLflow tracking worker stopped (exit code {code}); its error is above"
 
     def discard(self) -> None:
         """Stop a worker that will not be used (its stage hands the work to other processes)."""
         self._proc.kill()
         self._proc.wait()
+        self._release()
 
     def close(self) -> None:
         """Let the worker finish what it was sent, and wait for it."""
-        if self._proc.stdin is not None and not self._proc.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                self._proc.stdin.close()
-        if self._proc.wait() != 0:
+        self._release(self._proc.stdin)  # what tells the worker to finish
+        code = self._proc.wait()
+        self._release()  # its answers only now: one it writes late must not find the pipe gone
+        if code != 0:
             raise TrackingError(self._failure())
+
+    def _release(self, *pipes: IO[str] | None) -> None:
+        """Close this side of ``pipes`` (default both): a pipe's file left to the garbage
+        collector warns, and keeps its descriptor until then."""
+        for pipe in pipes or (self._proc.stdin, self._proc.stdout):
+            if pipe is not None and not pipe.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    pipe.close()
 
     @contextlib.contextmanager
     def run(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,28 +173,33 @@ ROWS = (
         "CUDA vs CPU test metrics, fp32",
         "within 12 CPU seeds' spread",
         lambda f: _agreement(f["cpu_vs_cuda"]),
+        "cpu_vs_cuda",
     ),
     (
         "bf16 vs fp32 test metrics",
         "within 12 CPU seeds' spread",
         lambda f: _agreement(f["bf16_vs_fp32"]),
+        "bf16_vs_fp32",
     ),
     (
         "built-in networks and a torchvision classifier per family, a training step each "
         "with deterministic algorithms",
         "all 27",
         _networks,
+        None,
     ),
     (
         "two CUDA runs, weights' bytes",
         "equal",
         lambda f: "equal" if f["determinism"]["bitwise_equal"] else "**differ**",
+        "determinism",
     ),
     *(
         (
             f"SWAG fine-tuning {name}, ours / bare PyTorch",
             ">= 0.95x",
             lambda f, m=m: _throughput(f, m, "bare"),
+            f"throughput.{m}",
         )
         for m, name in MODELS.items()
     ),
@@ -202,14 +208,20 @@ ROWS = (
             f"SWAG fine-tuning {name}, ours / SWAG reference code",
             ">= 3x",
             lambda f, m=m: _throughput(f, m, "reference"),
+            f"throughput.{m}",
         )
         for m, name in MODELS.items()
     ),
     *(
-        (f"SWAG fine-tuning {name}, step variants / eager, bf16", goal, lambda f, m=m: _speed(f, m))
+        (
+            f"SWAG fine-tuning {name}, step variants / eager, bf16",
+            goal,
+            lambda f, m=m: _speed(f, m),
+            None,
+        )
         for m, (goal, name) in SPEED.items()
     ),
-    ("CIFAR-10 preset's SWAG protocol (PreResNet-164), reference / ours", ">= 5x", _protocol),
+    ("CIFAR-10 preset's SWAG protocol (PreResNet-164), reference / ours", ">= 5x", _protocol, None),
     (
         "SWAG fine-tuning ResNet-50 at 224 x 224 (random resized crop), ours / bare PyTorch",
         ">= 0.95x",
@@ -218,27 +230,48 @@ ROWS = (
             if "throughput.resnet50" in f
             else "not run yet (`--speed`)"
         ),
+        None,
     ),
     (
         "the same, images streamed from the host (`data.storage: stream`) / on the device",
         ">= 0.95x",
         lambda f: _streamed(f.get("throughput.resnet50")),
+        None,
     ),
     (
         "30-sample SWAG evaluation / 30 x (BN pass + forward)",
         "<= 1.10x",
         lambda f: _ratio(f["evaluation"], "ours_over_bound", "goal_met"),
+        "evaluation",
     ),
-    ("default pipeline, toy sizes, `dvc repro` on CUDA", "every stage", _pipeline),
-    ("peak GPU memory, SWAG fine-tuning (MiB)", "", _peaks),
+    ("default pipeline, toy sizes, `dvc repro` on CUDA", "every stage", _pipeline, "pipeline"),
+    ("peak GPU memory, SWAG fine-tuning (MiB)", "", _peaks, "peak_memory_mib"),
 )
+
+
+def _cell(cell: Callable[[dict[str, Any]], str], needs: str | None, found: dict[str, Any]) -> str:
+    """One GPU's cell of a row that reads part ``needs`` (None: the row says itself what
+    is missing): a GPU whose calls ran out of device time lacks parts, and a part that
+    failed or was skipped holds only why (and what it had measured, ``partial``)."""
+    part = found.get(needs) if needs is not None else {}
+    if part is None:
+        return "not run yet"
+    if isinstance(part.get("skipped"), str):
+        return f"skipped: {part['skipped']}"
+    if "error" not in part:
+        return cell(found)
+    try:
+        return cell(found)  # rows that show a partial result do
+    except (KeyError, TypeError):
+        return f"failed: {str(part['error']).split(':')[0]}"
 
 
 def table(found: list[dict[str, Any]]) -> str:
     head = ["check", "goal", *(f["environment"]["gpu"] for f in found)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for name, goal, cell in ROWS:
-        lines.append("| " + " | ".join([name, goal, *(cell(f) for f in found)]) + " |")
+    for name, goal, cell, needs in ROWS:
+        cells = [_cell(cell, needs, f) for f in found]
+        lines.append("| " + " | ".join([name, goal, *cells]) + " |")
     return "\n".join(lines)
 
 

@@ -221,27 +221,28 @@ def repro(
         text=True,
         errors="replace",
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(line, end="", flush=True)  # the part's log
-        tail = [*tail[-TAIL_LINES + 1 :], line.rstrip()]
-        found = STAGE_LINE.match(line.rstrip())
-        if found is None:
-            continue
-        stage, text = found.groups()
-        ended = ENDED.match(text)
-        if text.startswith("Running stage '"):
-            running.append(stage)
-        elif ended is None:
-            continue
-        elif ended.group(1) != "finished":
-            failed[stage] = ended.group(1)
-        elif stage in running:  # not so a stage DVC found up to date: it ran nothing
-            stages[stage] = float(ended.group(2))
-        if ended is not None and stage in running:
-            running.remove(stage)
-        progress()
-    code = proc.wait()
+    with proc:  # closes its output pipe and waits
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)  # the part's log
+            tail = [*tail[-TAIL_LINES + 1 :], line.rstrip()]
+            found = STAGE_LINE.match(line.rstrip())
+            if found is None:
+                continue
+            stage, text = found.groups()
+            ended = ENDED.match(text)
+            if text.startswith("Running stage '"):
+                running.append(stage)
+            elif ended is None:
+                continue
+            elif ended.group(1) != "finished":
+                failed[stage] = ended.group(1)
+            elif stage in running:  # not so a stage DVC found up to date: it ran nothing
+                stages[stage] = float(ended.group(2))
+            if ended is not None and stage in running:
+                running.remove(stage)
+            progress()
+    code = proc.returncode
     out: dict[str, Any] = {
         "ok": code == 0,
         "jobs": jobs,

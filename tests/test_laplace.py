@@ -368,3 +368,35 @@ def test_a_laplace_needs_a_linear_head(network: str, message: str | None) -> Non
     sequential = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
     with pytest.raises(UserError, match=r"head is '0', a Linear, its last nn\.Linear '2'"):
         check_last_layer(sequential, start, "laplace")
+
+
+IMPORT_LOG = (
+    "from bayesavg.runtime.entry import setup_logging\n"
+    "setup_logging()\n"
+    "{import_it}\n"
+    "import logging\n"
+    "logging.info('after the import')\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("import_it", "noisy"),
+    [
+        ("import laplace", True),
+        (
+            "from bayesavg.posteriors.last_layer_laplace import laplace_library\nlaplace_library()",
+            False,
+        ),
+    ],
+)
+def test_the_fit_imports_laplace_without_its_asdfghjkl_line(import_it: str, noisy: bool) -> None:
+    """laplace-torch's import logs on the root logger that a backend never used here is
+    not installed, with a command to install it: a stage's log shows it as advice.
+    The library's own import does print it (else the filter would be dead code); the
+    fit's does not, and the root logger logs as before after it."""
+    import subprocess
+
+    code = IMPORT_LOG.format(import_it=import_it)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert ("Asdfghjkl backend not available" in done.stderr) is noisy, done.stderr
+    assert "INFO root: after the import" in done.stderr

@@ -29,10 +29,12 @@ search is laplace-torch's (Adam, step 0.1, 100 steps on the log prior precision,
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -93,6 +95,27 @@ class LazyBatches:
         return math.ceil(len(self.dataset) / self.batch_size)
 
 
+# What laplace-torch's import logs on the root logger (INFO, so every stage showed it):
+# that an optional backend this module never uses is missing, and a command to install it.
+_IMPORT_NOISE = "Asdfghjkl backend not available"
+
+
+class _DropImportNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_IMPORT_NOISE)
+
+
+def laplace_library() -> ModuleType:
+    """laplace-torch (only fitting needs it), imported without its line about asdfghjkl."""
+    quiet, root = _DropImportNoise(), logging.getLogger()
+    root.addFilter(quiet)
+    try:
+        import laplace
+    finally:
+        root.removeFilter(quiet)
+    return laplace
+
+
 def fit_last_layer(
     model: nn.Module, loader: Iterable[tuple[Tensor, Tensor]], *, prior: str | float = "marglik"
 ) -> dict[str, Any]:
@@ -116,9 +139,7 @@ def fit_last_layer(
     with warnings.catch_warnings():
         for message in _NOISE:
             warnings.filterwarnings("ignore", message=message)
-        import laplace  # only fitting needs the library
-
-        la = laplace.Laplace(
+        la = laplace_library().Laplace(
             model,
             "classification",
             subset_of_weights="last_layer",

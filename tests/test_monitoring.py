@@ -18,7 +18,7 @@ from bayesavg.config import parse_params
 from bayesavg.posteriors.file import PosteriorFile, save_posterior
 from bayesavg.runtime.io import write_csv
 from bayesavg.training.batches import Tensors
-from bayesavg.training.monitoring import Monitoring
+from bayesavg.training.monitoring import Monitoring, row_line
 from bayesavg.training.precision import Precision
 from bayesavg.training.train import loss_and_accuracy
 from bayesavg.trajectories import finetune, pretrain_members
@@ -89,3 +89,14 @@ def test_a_history_with_unmonitored_epochs_writes_empty_cells(tmp_path: Path) ->
     write_csv(tmp_path / "h.csv", rows)
     lines = (tmp_path / "h.csv").read_text().splitlines()
     assert lines == ["epoch,train_loss,val_loss", "1,0.5,", "2,0.25,0.75"]
+
+
+def test_an_epoch_s_log_line_leaves_out_what_does_not_exist_yet() -> None:
+    """The running average has no metrics before its first snapshot: its NaN stays in the
+    history (one column per metric) but not in the log line, where 'nan' read as a fault."""
+    row = {"epoch": 3, "lr": 0.05, "train_loss": 0.123456, "avg_test_loss": float("nan")}
+    row["seconds"] = 1.5
+    assert row_line(row) == "lr=0.05, train_loss=0.1235"
+    assert row_line({"val_accuracy": 0.9, "avg_test_accuracy": 0.875}) == (
+        "val_accuracy=0.9, avg_test_accuracy=0.875"
+    )

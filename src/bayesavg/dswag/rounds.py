@@ -51,6 +51,7 @@ from ..training.batches import Tensors, batches_per_epoch
 from ..training.batchnorm import bn_modules
 from ..training.distributed import World, broadcast, in_client_order, joined
 from ..training.flat import params_vector
+from ..training.monitoring import row_line
 from ..training.optim import SGD
 from ..training.schedules import lr_at
 from ..training.train import train
@@ -324,7 +325,7 @@ def _run(
                 name,
                 round_ + 1,
                 traj.phase1.rounds,
-                ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("epoch", "seconds")),
+                row_line(row),
             )
         target = traj.phase1.target_accuracy
         if target is not None and row["train_accuracy"] >= target:

@@ -12,6 +12,8 @@ monitoring passes run in eval mode and draw no random numbers.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -57,3 +59,14 @@ def _rows(x: torch.Tensor | Inputs, idx: torch.Tensor) -> torch.Tensor | Inputs:
 
 
 EVERY_EPOCH = Monitoring()
+
+
+def row_line(row: Mapping[str, float]) -> str:
+    """An epoch's (or round's) row as its log line: ``key=value``, without the epoch
+    number and time the line says elsewhere, and without a metric that does not exist
+    yet (NaN: the running average before its first snapshot, kept so in the history)."""
+    return ", ".join(
+        f"{k}={v:.4g}"
+        for k, v in row.items()
+        if k not in ("epoch", "seconds") and not (isinstance(v, float) and math.isnan(v))
+    )

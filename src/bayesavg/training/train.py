@@ -36,7 +36,7 @@ from .batchnorm import bn_modules
 from .compiled import CompiledStep
 from .distributed import World
 from .graphs import GraphStep
-from .monitoring import EVERY_EPOCH, Monitoring
+from .monitoring import EVERY_EPOCH, Monitoring, row_line
 from .optim import Optimizer
 from .precision import Precision
 from .steps import Step, StepContext, sgd_step
@@ -269,7 +269,7 @@ def train(
                 desc,
                 epoch,
                 epochs,
-                ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k not in ("epoch", "seconds")),
+                row_line(row),
             )
         if on_epoch is not None:
             on_epoch(progress)

@@ -258,11 +258,11 @@ def _cell(cell: Callable[[dict[str, Any]], str], needs: str | None, found: dict[
         return "not run yet"
     if isinstance(part.get("skipped"), str):
         return f"skipped: {part['skipped']}"
-    if "error" not in part:
-        return cell(found)
     try:
-        return cell(found)  # rows that show a partial result do
+        return cell(found)  # a failed part's row may show what it had measured
     except (KeyError, TypeError):
+        if "error" not in part:
+            raise
         return f"failed: {str(part['error']).split(':')[0]}"
 
 

@@ -155,6 +155,8 @@ def _networks(found: dict[str, Any]) -> str:
     nets = part.get("networks") or part.get("partial", {}).get("networks", {})
     failed = sorted(n for n, r in nets.items() if "error" in r)
     cell = f"{len(nets) - len(failed)} of {len(nets)} ran"
+    if "error" in part:  # cut at its box or dead: the networks it had reached
+        cell += f", then stopped: {str(part['error']).split(':')[0]}"
     return cell + (f"; **failed**: {', '.join(failed)}" if failed else "")
 
 

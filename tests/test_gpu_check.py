@@ -313,10 +313,11 @@ def test_a_gpu_with_parts_missing_failed_or_skipped_gets_its_column() -> None:
     first = results()[0]
     second = copy.deepcopy(first)
     second["environment"]["gpu"] = "Another GPU"
-    for name in ("cpu_vs_cuda", "pipeline", "peak_memory_mib", "networks"):
+    for name in ("cpu_vs_cuda", "pipeline", "peak_memory_mib"):
         second.pop(name, None)
     second["determinism"] = {"error": "RuntimeError: CUDA error: boom", "traceback": "..."}
     second["evaluation"] = {"skipped": "2.0 s of the 150 s budget left for it"}
+    second["networks"] = {"error": "timed out after 14 s", "partial": {"networks": {"mlp": {}}}}
     second["bf16_vs_fp32"] = {"error": "timed out after 45 s", "partial": {"what": "runs"}}
     lines = table([first, second]).splitlines()[2:]
     cells = {
@@ -329,6 +330,7 @@ def test_a_gpu_with_parts_missing_failed_or_skipped_gets_its_column() -> None:
         "skipped: 2.0 s of the 150 s budget left for it"
     )
     assert cells["default pipeline, toy sizes, `dvc repro` on CUDA"] == "not run yet"
+    assert cells[ROWS[2][0]] == "1 of 1 ran, then stopped: timed out after 14 s"
     alone = table([first]).splitlines()
     assert [line.rsplit(" | ", 1)[0] for line in lines] == [line[:-2] for line in alone[2:]]
 

@@ -166,13 +166,15 @@ def _speed(model: str) -> Any:
 
 
 # The step variants (issue 27: eager, compiled, graph-captured, both), a third invocation:
-# compiling PreResNet-164 alone may take minutes. Not yet run on a GPU: the boxes are
-# guesses, and a part killed at its box keeps the rounds it reported.
+# first that they train as eager does, then their speed. On the H200 PreResNet-164's part
+# was cut at 90 s while compiling (a cold compilation on this machine's 2 cores: 146 s);
+# a part killed at its box keeps the rounds it reported.
 SPEED_PARTS: tuple[Part, ...] = (
     Part("environment", 30, environment, "versions, GPU, driver, packages"),
+    Part("step_variants", 100, _lazy("gpu_check_variants", "step_variants"), "bytes vs eager"),
     Part("speed.preresnet20", 110, _speed("preresnet20"), "4 step variants"),
     Part("speed.wideresnet28x10", 140, _speed("wideresnet28x10"), "4 step variants"),
-    Part("speed.preresnet164", 190, _speed("preresnet164"), "4 + reference, projection"),
+    Part("speed.preresnet164", 260, _speed("preresnet164"), "4 + reference, projection"),
     # issue 28: an ImageNet network at 224x224 (random resized crop + flip), ours / bare
     Part("throughput.resnet50", 100, _throughput("resnet50"), "images/s, 2 loops"),
 )

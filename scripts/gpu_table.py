@@ -131,7 +131,12 @@ def _speed(found: dict[str, Any], model: str) -> str:
         return f"failed: {part.get('error', 'no variant timed').split(':')[0]}"
     cells = [f"{name} {up:.2f}x" for name, up in sorted(ups.items(), key=lambda kv: -kv[1])]
     met = f" ({_met(done['goal_met'])})" if "goal_met" in done else ""
-    return f"{'; '.join(cells)}{met}; eager {done['images_per_s']['eager']:.0f} img/s{cut}"
+    unpinned = done.get("unpinned_kernels_over_graphs")
+    what = (
+        "" if unpinned is None else f"; graphs without deterministic kernels {unpinned:.2f}x graphs"
+    )
+    eager = done["images_per_s"]["eager"]
+    return f"{'; '.join(cells)}{met}; eager {eager:.0f} img/s{what}{cut}"
 
 
 def _protocol(found: dict[str, Any]) -> str:
@@ -142,9 +147,11 @@ def _protocol(found: dict[str, Any]) -> str:
     if "protocol_hours" not in done:
         return f"not measured{cut or ': ' + part.get('error', 'no reference').split(':')[0]}"
     hours = done["protocol_hours"]
+    bare = done.get("protocol_unmonitored_reference_over_ours")
+    without = "" if bare is None else f" ({bare:.1f}x without the reference's monitoring)"
     return (
         f"{done['protocol_reference_over_ours']:.1f}x ({_met(done['protocol_goal_met'])}): "
-        f"{hours['ours']:.1f} h vs {hours['reference_swag_code']:.1f} h{cut}"
+        f"{hours['ours']:.2f} h vs {hours['reference_swag_code']:.2f} h{without}{cut}"
     )
 
 
@@ -158,6 +165,25 @@ def _networks(found: dict[str, Any]) -> str:
     if "error" in part:  # cut at its box or dead: the networks it had reached
         cell += f", then stopped: {str(part['error']).split(':')[0]}"
     return cell + (f"; **failed**: {', '.join(failed)}" if failed else "")
+
+
+def _variants(found: dict[str, Any]) -> str:
+    part = found["step_variants"]
+    done = part.get("partial", part)
+    runs, gap = done["variants"], done["bf16_vs_fp32"]["max_abs_diff"]
+    cells = []
+    for name, run in runs.items():
+        if name == "eager" or "skipped" in run:
+            continue
+        same = run["bitwise_equal_to_eager"]
+        cell = f"{name} " + ("eager's bytes" if same else f"max diff {run['max_abs_diff']:.1e}")
+        if "bitwise_equal_to_compiled" in run:
+            same = run["bitwise_equal_to_compiled"]
+            cell += ", compiled's bytes" if same else ", **not compiled's bytes**"
+        cells.append(cell)
+    verdict = f" ({_met(part['ok'])})" if "ok" in part else ""
+    cut = "" if "error" not in part else f", then stopped: {str(part['error']).split(':')[0]}"
+    return f"{'; '.join(cells)}; bf16 vs fp32 {gap:.1e}{verdict}{cut}"
 
 
 def _peaks(found: dict[str, Any]) -> str:
@@ -213,6 +239,12 @@ ROWS = (
             f"throughput.{m}",
         )
         for m, name in MODELS.items()
+    ),
+    (
+        "PreResNet-20 SWAG, bf16: captured and compiled steps against eager",
+        "graphs: eager's bytes; compiled: within bf16 vs fp32",
+        _variants,
+        "step_variants",
     ),
     *(
         (

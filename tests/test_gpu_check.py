@@ -632,11 +632,30 @@ def test_the_pipeline_part_times_each_stage_and_reads_the_metrics(
 
 def test_the_speed_summary_and_the_protocol_projection() -> None:
     """Speed-ups are per-round ratios to eager; the projection is the stated arithmetic."""
-    from gpu_check_speed import PROTOCOL_GOAL, _summary, protocol_hours
+    from gpu_check_protocol import (
+        PROTOCOL_GOAL,
+        cifar10,
+        ours_monitored,
+        protocol_hours,
+        reference_monitored,
+    )
+    from gpu_check_speed import _summary
 
-    forward = 30 * (45_000 + 10_000) + 300 * 70_000 * 0.4 / 5
-    assert protocol_hours(1000.0) == pytest.approx((300 * 45_000 + forward / 3) / 1000 / 3600)
-    assert protocol_hours(1000.0, monitoring=False) < protocol_hours(1000.0)
+    p = cifar10()  # presets/cifar10.yaml: 300 epochs, snapshots after epoch 161 on, 30
+    assert (p.epochs, p.first_snapshot, p.train, p.val, p.samples) == (300, 161, 45_000, 5_000, 30)
+    assert (p.every, p.fraction) == (5, 0.3)
+    # ours: 60 due epochs (5, 10, ..., 300), 30% of val and test each; the 28 of them
+    # after the first snapshot (165, ..., 300) also 30% of train and of test again
+    assert ours_monitored(p) == 60 * (1_500 + 3_000) + 28 * (13_500 + 3_000)
+    # run_swag.py: 61 test passes (epoch 0 and every 5th: 4, 9, ..., 299), 139 collecting
+    # epochs' test predictions, and on the 28 collecting evaluation epochs (164, ..., 299)
+    # a BN pass and a test pass
+    assert reference_monitored(p) == 61 * 10_000 + 139 * 10_000 + 28 * 55_000
+    train, evaluation = 300 * 45_000, 30 * 55_000
+    assert protocol_hours(p, 1000.0, 0.0) == pytest.approx((train + evaluation / 3) / 1000 / 3600)
+    assert protocol_hours(p, 1000.0, 3000.0) - protocol_hours(p, 1000.0, 0.0) == pytest.approx(
+        1000 / 1000 / 3600
+    )
     seconds = {"eager": [2.0, 4.0], "compiled": [1.0, 1.0], "graphs": [1.0, 4.0]}
     found = _summary("preresnet20")({}, 100, seconds)
     assert found["over_eager"] == {"compiled": 3.0, "graphs": 1.5}
@@ -645,9 +664,16 @@ def test_the_speed_summary_and_the_protocol_projection() -> None:
     found = _summary("preresnet164")({}, 100, seconds)
     assert "goal_met" not in found
     hours = found["protocol_hours"]
-    assert hours["ours"] == round(protocol_hours(100.0), 2)
-    assert hours["reference_swag_code"] == round(protocol_hours(5.0, monitoring=False), 2)
+    assert hours["ours"] == round(protocol_hours(p, 100.0, ours_monitored(p)), 2)
+    assert hours["reference_swag_code"] == round(protocol_hours(p, 5.0, reference_monitored(p)), 2)
+    assert hours["reference_swag_code_unmonitored"] == round(protocol_hours(p, 5.0, 0.0), 2)
+    assert found["protocol_reference_over_ours"] > found["protocol_unmonitored_reference_over_ours"]
     assert found["protocol_goal_met"] is (found["protocol_reference_over_ours"] >= PROTOCOL_GOAL)
+    seconds["graphs_unpinned_kernels"] = [0.5, 1.0]  # per round: graphs 2x, then 4x
+    found = _summary("preresnet164")({}, 100, seconds)
+    assert found["unpinned_kernels_over_graphs"] == 3.0
+    assert "graphs_unpinned_kernels" not in found["over_eager"] and found["best"] == "compiled"
+    assert found["protocol_hours"]["ours"] == hours["ours"]  # not a variant the library runs
 
 
 @pytest.mark.slow
@@ -655,7 +681,12 @@ def test_the_speed_parts_at_toy_sizes_on_the_cpu(tmp_path: Path) -> None:
     """--speed --device cpu --quick (about 30 s): eager and graph-ready steps timed."""
     _, lines, saved = gpu_check(tmp_path / "s.json", "--speed", "--device", "cpu", "--quick")
     names = ["environment", "speed.preresnet20", "speed.wideresnet28x10", "speed.preresnet164"]
-    assert [next(iter(line)) for line in lines] == [*names, "throughput.resnet50"]
+    order = [names[0], "step_variants", *names[1:], "throughput.resnet50"]
+    assert [next(iter(line)) for line in lines] == order
+    variants = saved["step_variants"]
+    assert variants["ok"] is True and variants["graphs_bitwise_equal"] is True, variants
+    assert variants["variants"]["compiled"] == {"skipped": "compiling on the CPU takes minutes"}
+    assert variants["bf16_vs_fp32"]["max_abs_diff"] > 0
     for name in names[1:]:
         found = saved[name]
         assert "error" not in found and "failed" not in found, found
@@ -681,7 +712,15 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     assert _speed(found, "preresnet20") == (
         "compiled_graphs 3.00x; graphs 2.50x; compiled 1.50x (met); eager 1000 img/s"
     )
-    assert _protocol(found) == "6.2x (met): 2.0 h vs 12.5 h"
+    unpinned = {**part, "unpinned_kernels_over_graphs": 1.1}
+    assert _speed({"speed.preresnet20": unpinned}, "preresnet20").endswith(
+        "eager 1000 img/s; graphs without deterministic kernels 1.10x graphs"
+    )
+    assert _protocol(found) == "6.2x (met): 2.00 h vs 12.50 h"
+    bare = {**part, "protocol_unmonitored_reference_over_ours": 5.8}
+    assert _protocol({"speed.preresnet164": bare}) == (
+        "6.2x (met): 2.00 h vs 12.50 h (5.8x without the reference's monitoring)"
+    )
     assert _speed({"speed.preresnet20": {"error": "OutOfMemoryError: x"}}, "preresnet20") == (
         "failed: OutOfMemoryError"
     )
@@ -744,3 +783,21 @@ def test_resnet50_throughput_at_224_runs_ours_and_the_bare_loop(tmp_path: Path) 
     assert found["ours_over_bare"] > 0 and "skipped" not in found and "failed" not in found
     assert found["streamed_over_in_memory"] > 0
     assert found["images_per_epoch"] == 2
+
+
+def test_the_step_variants_part_compares_each_fast_step_with_eager(tmp_path: Path) -> None:
+    """On the CPU the graph-ready step is eager's step (tests/test_graphs.py): the part
+    must say so; bf16 lands away from fp32, the yardstick for compiled steps."""
+    from gpu_check_runner import Context
+    from gpu_check_variants import max_abs_diff, step_variants
+
+    ctx = Context("cpu", True, time.time() + 120, tmp_path / "r.json")
+    found = step_variants(ctx)
+    graphs = found["variants"]["graphs"]
+    assert graphs["bitwise_equal_to_eager"] is True and graphs["max_abs_diff"] == 0.0
+    assert graphs["swag_nll"] == found["variants"]["eager"]["swag_nll"]
+    assert found["bf16_vs_fp32"]["max_abs_diff"] > 0 and found["ok"] is True
+    assert found["variants"]["compiled_graphs"] == {"skipped": "compiling on the CPU takes minutes"}
+    a = {"theta": torch.tensor([1.0, 2.0]), "buffers": {"m": torch.tensor([0.5])}, "n": 3}
+    b = {"theta": torch.tensor([1.0, 2.5]), "buffers": {"m": torch.tensor([-0.5])}, "n": 4}
+    assert max_abs_diff(a, b) == 1.0 and max_abs_diff(a, a) == 0.0

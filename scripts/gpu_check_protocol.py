@@ -1,0 +1,140 @@
+"""The CIFAR-10 preset's SWAG protocol in images, for ``gpu_check --speed``'s projection of
+its wall time, ours against the SWAG reference code's, from measured training images/s.
+
+Everything is read from ``presets/cifar10.yaml`` (the ``swag`` trajectory, ``data``,
+``evaluate.n_samples``, ``monitor``), so the projection follows the preset:
+
+- training: ``epochs`` epochs of CIFAR-10's 50,000 training images less the preset's
+  validation share (45,000);
+- our monitoring, as ``training.monitoring.Monitoring`` decides it: on each due epoch
+  the iterate on its share of the validation and test images and, once a snapshot
+  exists, the running average's BatchNorm pass on its share of the training images and
+  its test pass (``trajectories.run._monitor``);
+- the reference's monitoring, as ``run_swag.py``'s epoch loop decides it (the paper's
+  command, ``--eval_freq 5`` and ``--swa_start`` = the preset's first snapshot epoch):
+  the test split at epoch 0, every 5th and the last; once collecting, the test
+  predictions of every epoch for its SGD ensemble and, on evaluation epochs, the SWAG
+  mean's BatchNorm pass over the training images and its test pass;
+- the evaluation, the same for both: ``n_samples`` samples, each a BatchNorm pass over
+  the training images and a forward pass over the test images.
+
+A forward image costs a third of a training image (a step is a forward and a backward of
+twice its cost).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bayesavg.training.monitoring import Monitoring
+
+PRESET = Path(__file__).resolve().parents[1] / "presets" / "cifar10.yaml"
+CIFAR10_TRAIN, CIFAR10_TEST = 50_000, 10_000  # the official splits
+FORWARD_COST = 1 / 3  # of a training image
+REFERENCE_EVAL_FREQ = 5  # run_swag.py's --eval_freq default, the paper's command
+PROTOCOL_GOAL = 5.0
+
+
+@dataclass(frozen=True)
+class Protocol:
+    epochs: int
+    first_snapshot: int  # 0-based epoch after which the first snapshot is taken
+    train: int
+    val: int
+    test: int
+    samples: int
+    every: int
+    fraction: float
+
+    @classmethod
+    def from_preset(cls, raw: dict[str, Any]) -> Protocol:
+        swag, monitor = raw["finetune"]["swag"], raw.get("monitor", {})
+        val = round(CIFAR10_TRAIN * raw["data"]["val_fraction"])
+        return cls(
+            epochs=swag["epochs"],
+            first_snapshot=swag["collect"]["start_epoch"],
+            train=CIFAR10_TRAIN - val,
+            val=val,
+            test=CIFAR10_TEST,
+            samples=raw["evaluate"]["n_samples"],
+            every=monitor.get("every", 1),
+            fraction=monitor.get("fraction", 1.0),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "preset": PRESET.name,
+            "epochs": self.epochs,
+            "train_images": self.train,
+            "test_images": self.test,
+            "samples": self.samples,
+            "monitor": {"every": self.every, "fraction": self.fraction},
+            "forward_cost": round(FORWARD_COST, 3),
+            "ours_monitored_forward_images": ours_monitored(self),
+            "reference_monitored_forward_images": reference_monitored(self),
+        }
+
+
+def cifar10() -> Protocol:
+    return Protocol.from_preset(yaml.safe_load(PRESET.read_text()))
+
+
+def ours_monitored(p: Protocol) -> float:
+    """Our monitoring's forward images over the protocol (the module docstring)."""
+    monitoring = Monitoring(p.every, p.fraction)
+
+    def share(n: int) -> int:
+        return min(n, max(1, round(p.fraction * n)))  # Monitoring.rows' count
+
+    images = 0
+    for epoch in range(1, p.epochs + 1):  # 1-based, as Monitoring.due counts
+        if monitoring.due(epoch, p.epochs):
+            images += share(p.val) + share(p.test)
+            if epoch > p.first_snapshot:  # the snapshot after 0-based epoch first_snapshot
+                images += share(p.train) + share(p.test)
+    return float(images)
+
+
+def reference_monitored(p: Protocol) -> float:
+    """The reference's monitoring's forward images over the protocol, as ``run_swag.py``
+    decides them (0-based epochs; it collects where ``epoch + 1 > swa_start``)."""
+    freq, images = REFERENCE_EVAL_FREQ, 0
+    for epoch in range(p.epochs):
+        evaluates = epoch == 0 or epoch % freq == freq - 1 or epoch == p.epochs - 1
+        images += p.test * evaluates
+        if epoch + 1 > p.first_snapshot:
+            images += p.test + (p.train + p.test) * evaluates
+    return float(images)
+
+
+def protocol_hours(p: Protocol, train_images_per_s: float, monitored: float) -> float:
+    """The protocol at ``train_images_per_s``: training, ``monitored`` forward images of
+    monitoring and the evaluation, a forward image at ``FORWARD_COST``."""
+    forward = p.samples * (p.train + p.test) + monitored
+    images = p.epochs * p.train + FORWARD_COST * forward
+    return images / train_images_per_s / 3600
+
+
+def projection(ours: float, reference: float) -> dict[str, Any]:
+    """Hours of ours and of the reference at their training images/s, the reference
+    with and without its own monitoring, their ratios, and the goal's verdict."""
+    p = cifar10()
+    raw = {
+        "ours": protocol_hours(p, ours, ours_monitored(p)),
+        "reference_swag_code": protocol_hours(p, reference, reference_monitored(p)),
+        "reference_swag_code_unmonitored": protocol_hours(p, reference, 0.0),
+    }
+    ratio = raw["reference_swag_code"] / raw["ours"]
+    return {
+        "protocol_hours": {k: round(v, 2) for k, v in raw.items()},
+        "protocol_reference_over_ours": round(ratio, 2),
+        "protocol_unmonitored_reference_over_ours": round(
+            raw["reference_swag_code_unmonitored"] / raw["ours"], 2
+        ),
+        "goal_protocol": PROTOCOL_GOAL,
+        "protocol_goal_met": ratio >= PROTOCOL_GOAL,
+    }

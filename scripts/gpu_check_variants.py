@@ -1,0 +1,144 @@
+"""The ``step_variants`` part of ``scripts/gpu_check.py``: do the fast steps train as the
+eager one does, on this device?
+
+The same short SWAG run (PreResNet-20, crop + flip, the determinism part's CIFAR
+configuration) with each step variant of issue 27: eager, ``cuda_graphs: true``,
+``compile: true`` and both. A captured step replays the kernels the eager step launches,
+so ``graphs`` must give eager's bytes. A compiled step fuses kernels and sums floats in
+another order, so it cannot; its yardstick is the rounding the user already accepts in
+the preset: how far the eager run in bf16 lands from the same run in fp32 (on the CPU
+the variants train in fp32, and bf16 is the other run). Goal: the
+compiled variants' largest difference from eager (weights, SWAG moments, BN buffers)
+within that gap; compiled and captured must give the compiled run's bytes. The SWAG test
+NLLs are reported beside (random labels: their differences are noise-sized, no goal).
+
+Compiling on the CPU takes minutes: ``--quick`` on the CPU skips the compiled variants.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from gpu_check_parts import Size, cifar_setup, digest
+from gpu_check_runner import Context
+
+from bayesavg.evaluation.evaluate import evaluate
+from bayesavg.trajectories import compute_for, finetune, initial_network
+
+VARIANTS = {
+    "eager": (False, False),
+    "graphs": (False, True),
+    "compiled": (True, False),
+    "compiled_graphs": (True, True),
+}
+
+
+def _tensors(obj: Any, path: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every floating-point tensor in ``obj`` with its path, dicts in key order."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            yield path, obj
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            yield from _tensors(obj[k], f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{path}[{i}]")
+
+
+def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest absolute difference between the float tensors both states hold."""
+    theirs = dict(_tensors(b))
+    found = 0.0
+    for path, t in _tensors(a):
+        other = theirs.get(path)
+        if other is not None and other.shape == t.shape:
+            diff = (t.double() - other.double()).abs().max().item() if t.numel() else 0.0
+            found = max(found, diff)
+    return found
+
+
+def _run(device: torch.device, size: Size, precision: str, compile: bool, graphs: bool):
+    """The run's posterior state (on the CPU), its SWAG test NLL and its seconds."""
+    started = time.perf_counter()
+    p, data = cifar_setup(size.cifar_train, size.cifar_batch, 2, size.cifar_batch, precision, True)
+    p = p.model_copy(update={"compile": compile, "cuda_graphs": graphs})
+    compute = compute_for(p, device)
+    result = finetune(p, "swag", data, initial_network(p, data), device, compute=compute)
+    assert result is not None
+    post = result.posterior
+    test = {"test": (post.model_input(data.test.x, device), data.test.y)}
+    found = evaluate(
+        post,
+        "swag",
+        test,
+        n_samples=3,
+        scale=0.5,
+        bn_x=post.model_input(data.train.x, device),
+        seed=0,
+        device=device,
+        precision=compute.precision,
+    )["test"]
+    y = data.test.y.to(found.log_probs.device)
+    nll = torch.nn.functional.nll_loss(found.log_probs.double(), y).item()
+    state = {k: v for k, v in post.to_dict().items() if k != "extra"}
+    return state, nll, time.perf_counter() - started
+
+
+def step_variants(ctx: Context) -> dict[str, Any]:
+    """Each variant's bytes and its distance from eager, beside bf16's own distance from
+    fp32 (the yardstick); reported after each run."""
+    size, device = Size.of(ctx), torch.device(ctx.device)
+    # bf16 as the CIFAR presets train on a GPU; fp32 on the CPU, where the pinned AVX2
+    # kernels make bf16 convolutions ten times slower (a smoke run there)
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    out: dict[str, Any] = {
+        "what": f"PreResNet-20, {precision}, crop + flip, {size.cifar_train} random "
+        f"CIFAR-shaped images, batch {size.cifar_batch}, the swag trajectory 2 epochs, "
+        "swag evaluated with 3 samples (BN recomputed)",
+        "variants": {},
+    }
+    eager, eager_nll, seconds = _run(device, size, precision, False, False)
+    other = "fp32" if precision == "bf16" else "bf16"
+    yardstick, other_nll, other_seconds = _run(device, size, other, False, False)
+    gap = {"max_abs_diff": max_abs_diff(eager, yardstick), "nll_diff": abs(eager_nll - other_nll)}
+    out["bf16_vs_fp32"] = {**gap, "seconds": round(other_seconds, 2)}
+    out["variants"]["eager"] = {
+        "sha256": digest(eager),
+        "swag_nll": round(eager_nll, 6),
+        "seconds": round(seconds, 2),
+    }
+    ctx.report(out)
+    for name, (compile, graphs) in VARIANTS.items():
+        if name == "eager":
+            continue
+        if compile and device.type != "cuda" and ctx.quick:
+            out["variants"][name] = {"skipped": "compiling on the CPU takes minutes"}
+            continue
+        state, nll, seconds = _run(device, size, precision, compile, graphs)
+        found = {
+            "sha256": digest(state),
+            "bitwise_equal_to_eager": digest(state) == out["variants"]["eager"]["sha256"],
+            "max_abs_diff": max_abs_diff(state, eager),
+            "swag_nll": round(nll, 6),
+            "nll_diff": abs(nll - eager_nll),
+            "seconds": round(seconds, 2),
+        }
+        if compile:
+            found["within_bf16_gap"] = found["max_abs_diff"] <= gap["max_abs_diff"]
+        if compile and graphs and "sha256" in out["variants"].get("compiled", {}):
+            found["bitwise_equal_to_compiled"] = (
+                found["sha256"] == out["variants"]["compiled"]["sha256"]
+            )
+        out["variants"][name] = found
+        ctx.report(out)
+    ran = {k: v for k, v in out["variants"].items() if "skipped" not in v and k != "eager"}
+    out["graphs_bitwise_equal"] = ran.get("graphs", {}).get("bitwise_equal_to_eager")
+    out["ok"] = bool(out["graphs_bitwise_equal"]) and all(
+        v.get("within_bf16_gap", True) and v.get("bitwise_equal_to_compiled", True)
+        for v in ran.values()
+    )
+    return out

@@ -11,8 +11,9 @@ reported as ``warm_up_s``), then rounds of one epoch of each, the order rotated.
 PreResNet-164 (the preset's network) also runs the SWAG reference code's loop, for the
 projection of the preset's whole SWAG protocol, ours at our best variant's images/s and
 the reference's at its own (``gpu_check_protocol``: training, each one's monitoring and
-the 30-sample evaluation, in images). Goal: ours at least 5x faster. The figure without
-the reference's monitoring (in its favour) is reported beside it.
+the 30-sample evaluation, in images; forward images at each one's rate for one
+evaluation sample, ``gpu_check_forward``, timed first). Goal: ours at least 5x
+faster. The figure without the reference's monitoring (in its favour) is beside it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from gpu_check_forward import forward_rates
 from gpu_check_parts import Size, cifar_shaped
 from gpu_check_protocol import cifar10, projection
 from gpu_check_runner import Context
@@ -71,7 +73,8 @@ def _summary(model_name: str) -> Summary:
         ips = out["images_per_s"]
         ours = max((ips[k] for k in VARIANTS if k in ips), default=None)
         if "reference_swag_code" in ips and ours is not None:
-            out.update(projection(ours, ips["reference_swag_code"]))
+            forward = head.get("forward", {}).get("images_per_s")
+            out.update(projection(ours, ips["reference_swag_code"], forward))
         return out
 
     return summary
@@ -95,14 +98,18 @@ def speed(model_name: str, ctx: Context) -> dict[str, Any]:
     if device.type == "cuda":
         builders[UNPINNED] = lambda: _ours(model_name, device, prec, x, y, size, graphs=True)
         deterministic[UNPINNED] = False
-    if model_name == "preresnet164":
-        builders["reference_swag_code"] = lambda: _reference(model_name, device, x, y, size)
-        deterministic["reference_swag_code"] = False
-    head = {
+    head: dict[str, Any] = {
         "images_per_epoch": len(y),
         "batch_size": size.batch_size,
         "precision": prec.name,
-        "protocol": cifar10().as_dict(),
     }
+    if model_name == "preresnet164":
+        builders["reference_swag_code"] = lambda: _reference(model_name, device, x, y, size)
+        deterministic["reference_swag_code"] = False
+        protocol = cifar10()
+        head["protocol"] = protocol.as_dict()
+        batch, quick = protocol.eval_batch, ctx.quick
+        head["forward"] = forward_rates(model_name, device, prec.name, batch, size, quick)
+        ctx.report(head)
     compiled = frozenset(name for name, (compile, _) in VARIANTS.items() if compile)
     return measure(builders, deterministic, head, len(y), ctx, _summary(model_name), compiled)

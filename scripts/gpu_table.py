@@ -149,6 +149,8 @@ def _protocol(found: dict[str, Any]) -> str:
     hours = done["protocol_hours"]
     bare = done.get("protocol_unmonitored_reference_over_ours")
     without = "" if bare is None else f" ({bare:.1f}x without the reference's monitoring)"
+    if done.get("protocol_forward") != "measured":
+        without += "; forward images assumed at a third of a training image's cost"
     return (
         f"{done['protocol_reference_over_ours']:.1f}x ({_met(done['protocol_goal_met'])}): "
         f"{hours['ours']:.2f} h vs {hours['reference_swag_code']:.2f} h{without}{cut}"

@@ -636,6 +636,7 @@ def test_the_speed_summary_and_the_protocol_projection() -> None:
         PROTOCOL_GOAL,
         cifar10,
         ours_monitored,
+        projection,
         protocol_hours,
         reference_monitored,
     )
@@ -656,6 +657,16 @@ def test_the_speed_summary_and_the_protocol_projection() -> None:
     assert protocol_hours(p, 1000.0, 3000.0) - protocol_hours(p, 1000.0, 0.0) == pytest.approx(
         1000 / 1000 / 3600
     )
+    measured = (train / 1000 + (evaluation + 3000) / 4000) / 3600  # forward images at 4000/s
+    assert protocol_hours(p, 1000.0, 3000.0, 4000.0) == pytest.approx(measured)
+    assumed = projection(100.0, 5.0, {"ours": 400.0})  # one side measured: both assumed
+    assert assumed["protocol_forward"] == "assumed a third of a training image"
+    both = projection(100.0, 5.0, {"ours": 400.0, "reference_swag_code": 10.0})
+    assert both["protocol_forward"] == "measured"
+    ours_h = protocol_hours(p, 100.0, ours_monitored(p), 400.0)
+    assert both["protocol_hours"]["ours"] == round(ours_h, 2)
+    theirs_h = protocol_hours(p, 5.0, reference_monitored(p), 10.0)
+    assert both["protocol_reference_over_ours"] == round(theirs_h / ours_h, 2)
     seconds = {"eager": [2.0, 4.0], "compiled": [1.0, 1.0], "graphs": [1.0, 4.0]}
     found = _summary("preresnet20")({}, 100, seconds)
     assert found["over_eager"] == {"compiled": 3.0, "graphs": 1.5}
@@ -716,8 +727,9 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     assert _speed({"speed.preresnet20": unpinned}, "preresnet20").endswith(
         "eager 1000 img/s; graphs without deterministic kernels 1.10x graphs"
     )
-    assert _protocol(found) == "6.2x (met): 2.00 h vs 12.50 h"
-    bare = {**part, "protocol_unmonitored_reference_over_ours": 5.8}
+    assumed = "; forward images assumed at a third of a training image's cost"
+    assert _protocol(found) == "6.2x (met): 2.00 h vs 12.50 h" + assumed
+    bare = {**part, "protocol_unmonitored_reference_over_ours": 5.8, "protocol_forward": "measured"}
     assert _protocol({"speed.preresnet164": bare}) == (
         "6.2x (met): 2.00 h vs 12.50 h (5.8x without the reference's monitoring)"
     )
@@ -801,3 +813,19 @@ def test_the_step_variants_part_compares_each_fast_step_with_eager(tmp_path: Pat
     a = {"theta": torch.tensor([1.0, 2.0]), "buffers": {"m": torch.tensor([0.5])}, "n": 3}
     b = {"theta": torch.tensor([1.0, 2.5]), "buffers": {"m": torch.tensor([-0.5])}, "n": 4}
     assert max_abs_diff(a, b) == 1.0 and max_abs_diff(a, a) == 0.0
+
+
+def test_one_evaluation_sample_is_timed_for_ours_and_the_reference_says_why_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The projection's forward images/s: ours from the library's evaluate; a reference
+    that cannot run is skipped with its reason (the projection then assumes both)."""
+    import gpu_check_forward
+    from gpu_check_parts import Size
+
+    monkeypatch.setattr(gpu_check_forward, "reference_package", lambda: "not installed here")
+    cpu = torch.device("cpu")
+    found = gpu_check_forward.forward_rates("preresnet20", cpu, "fp32", 8, Size.quick(), True)
+    assert found["skipped"] == {"reference_swag_code": "not installed here"}
+    assert set(found["images_per_s"]) == {"ours"} and found["images_per_s"]["ours"] > 0
+    assert (found["bn_images"], found["test_images"]) == gpu_check_forward.QUICK

@@ -8,7 +8,8 @@ its loops (``measure``): a warm-up epoch each (where compilation and capture hap
 reported as ``warm_up_s``), then rounds of one epoch of each, the order rotated. Goals
 (issue 27): the best variant at least 2x eager on PreResNet-20, 1.2x on WideResNet-28x10.
 
-PreResNet-164 (the preset's network) also runs the SWAG reference code's loop, for the
+PreResNet-164 (the preset's network) also runs the bare PyTorch loop of the throughput
+parts (``eager_over_bare``) and the SWAG reference code's loop, the latter for the
 projection of the preset's whole SWAG protocol, ours at our best variant's images/s and
 the reference's at its own (``gpu_check_protocol``: training, each one's monitoring and
 the 30-sample evaluation, in images; forward images at each one's rate for one
@@ -27,7 +28,16 @@ from gpu_check_forward import forward_rates
 from gpu_check_parts import Size, cifar_shaped
 from gpu_check_protocol import cifar10, projection
 from gpu_check_runner import Context
-from gpu_check_throughput import Epoch, Summary, _ours, _reference, measure, paired, timed_only
+from gpu_check_throughput import (
+    Epoch,
+    Summary,
+    _bare,
+    _ours,
+    _reference,
+    measure,
+    paired,
+    timed_only,
+)
 
 from bayesavg.training.precision import Precision
 
@@ -59,6 +69,9 @@ def _summary(model_name: str) -> Summary:
             if name != "eager" and pairs:
                 speedups[name] = round(statistics.median(a / b for a, b in pairs), 3)
         out["over_eager"] = speedups
+        pairs = paired(seconds.get("eager", []), seconds.get("bare_pytorch", []))
+        if pairs:  # the library's eager loop against plain PyTorch's (the throughput parts')
+            out["eager_over_bare"] = round(statistics.median(b / a for a, b in pairs), 3)
         pairs = paired(seconds.get("graphs", []), seconds.get(UNPINNED, []))
         if pairs:
             out["unpinned_kernels_over_graphs"] = round(
@@ -106,6 +119,8 @@ def speed(model_name: str, ctx: Context) -> dict[str, Any]:
     if model_name == "preresnet164":
         builders["reference_swag_code"] = lambda: _reference(model_name, device, x, y, size)
         deterministic["reference_swag_code"] = False
+        builders["bare_pytorch"] = lambda: _bare(model_name, device, prec, x, y, size)
+        deterministic["bare_pytorch"] = True
         protocol = cifar10()
         head["protocol"] = protocol.as_dict()
         batch, quick = protocol.eval_batch, ctx.quick

@@ -135,6 +135,8 @@ def _speed(found: dict[str, Any], model: str) -> str:
     what = (
         "" if unpinned is None else f"; graphs without deterministic kernels {unpinned:.2f}x graphs"
     )
+    if "eager_over_bare" in done:
+        what = f"; eager / bare PyTorch {done['eager_over_bare']:.2f}x" + what
     eager = done["images_per_s"]["eager"]
     return f"{'; '.join(cells)}{met}; eager {eager:.0f} img/s{what}{cut}"
 

@@ -680,6 +680,8 @@ def test_the_speed_summary_and_the_protocol_projection() -> None:
     assert hours["reference_swag_code_unmonitored"] == round(protocol_hours(p, 5.0, 0.0), 2)
     assert found["protocol_reference_over_ours"] > found["protocol_unmonitored_reference_over_ours"]
     assert found["protocol_goal_met"] is (found["protocol_reference_over_ours"] >= PROTOCOL_GOAL)
+    seconds["bare_pytorch"] = [1.0, 5.0]  # per round: eager 0.5x bare, then 1.25x
+    assert _summary("preresnet164")({}, 100, seconds)["eager_over_bare"] == 0.875
     seconds["graphs_unpinned_kernels"] = [0.5, 1.0]  # per round: graphs 2x, then 4x
     found = _summary("preresnet164")({}, 100, seconds)
     assert found["unpinned_kernels_over_graphs"] == 3.0
@@ -723,9 +725,10 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     assert _speed(found, "preresnet20") == (
         "compiled_graphs 3.00x; graphs 2.50x; compiled 1.50x (met); eager 1000 img/s"
     )
-    unpinned = {**part, "unpinned_kernels_over_graphs": 1.1}
+    unpinned = {**part, "unpinned_kernels_over_graphs": 1.1, "eager_over_bare": 0.97}
     assert _speed({"speed.preresnet20": unpinned}, "preresnet20").endswith(
-        "eager 1000 img/s; graphs without deterministic kernels 1.10x graphs"
+        "eager 1000 img/s; eager / bare PyTorch 0.97x; "
+        "graphs without deterministic kernels 1.10x graphs"
     )
     assumed = "; forward images assumed at a third of a training image's cost"
     assert _protocol(found) == "6.2x (met): 2.00 h vs 12.50 h" + assumed

@@ -10,15 +10,21 @@ import torch
 from gpu_check_parts import Size, cifar_setup, digest, short_run, what
 from gpu_check_runner import Context
 
-from bayesavg.evaluation.evaluate import evaluate
+from bayesavg.evaluation.evaluate import Evaluation, evaluate
 from bayesavg.trajectories import compute_for, finetune, initial_network
 
 
-def _cifar_run(device: torch.device, size: Size, precision: str) -> dict[str, Any]:
+def cifar_swag(
+    device: torch.device, size: Size, precision: str, **options: bool
+) -> tuple[dict[str, Any], Evaluation, torch.Tensor]:
     """determinism's second configuration, the CIFAR presets' kind: PreResNet-20 (BN),
-    bf16, channels-last, crop + flip on the device, SWAG with BN recomputed per sample."""
+    ``precision``, channels-last, crop + flip on the device, the swag trajectory 2 epochs,
+    SWAG with BN recomputed per sample (3). ``options``: params to set (``compile``,
+    ``cuda_graphs``). The posterior's state (without ``extra``), the test evaluation and
+    the test labels."""
     n = size.cifar_train
     p, data = cifar_setup(n, size.cifar_batch, 2, size.cifar_batch, precision, augment=True)
+    p = p.model_copy(update=options)
     compute = compute_for(p, device)
     result = finetune(p, "swag", data, initial_network(p, data), device, compute=compute)
     assert result is not None
@@ -37,6 +43,11 @@ def _cifar_run(device: torch.device, size: Size, precision: str) -> dict[str, An
         precision=compute.precision,
     )["test"]
     state = {k: v for k, v in post.to_dict().items() if k != "extra"}
+    return state, found, data.test.y
+
+
+def _cifar_run(device: torch.device, size: Size, precision: str) -> dict[str, Any]:
+    state, found, _ = cifar_swag(device, size, precision)
     return {"posterior": digest(state), "swag_log_probs": digest(found.log_probs)}
 
 

@@ -22,11 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from gpu_check_parts import Size, cifar_setup, digest
+from gpu_check_determinism import cifar_swag
+from gpu_check_parts import Size, digest
 from gpu_check_runner import Context
-
-from bayesavg.evaluation.evaluate import evaluate
-from bayesavg.trajectories import compute_for, finetune, initial_network
 
 VARIANTS = {
     "eager": (False, False),
@@ -64,27 +62,9 @@ def max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
 def _run(device: torch.device, size: Size, precision: str, compile: bool, graphs: bool):
     """The run's posterior state (on the CPU), its SWAG test NLL and its seconds."""
     started = time.perf_counter()
-    p, data = cifar_setup(size.cifar_train, size.cifar_batch, 2, size.cifar_batch, precision, True)
-    p = p.model_copy(update={"compile": compile, "cuda_graphs": graphs})
-    compute = compute_for(p, device)
-    result = finetune(p, "swag", data, initial_network(p, data), device, compute=compute)
-    assert result is not None
-    post = result.posterior
-    test = {"test": (post.model_input(data.test.x, device), data.test.y)}
-    found = evaluate(
-        post,
-        "swag",
-        test,
-        n_samples=3,
-        scale=0.5,
-        bn_x=post.model_input(data.train.x, device),
-        seed=0,
-        device=device,
-        precision=compute.precision,
-    )["test"]
-    y = data.test.y.to(found.log_probs.device)
+    state, found, y = cifar_swag(device, size, precision, compile=compile, cuda_graphs=graphs)
+    y = y.to(found.log_probs.device)
     nll = torch.nn.functional.nll_loss(found.log_probs.double(), y).item()
-    state = {k: v for k, v in post.to_dict().items() if k != "extra"}
     return state, nll, time.perf_counter() - started
 
 

@@ -174,7 +174,7 @@ def _networks(found: dict[str, Any]) -> str:
 def _variants(found: dict[str, Any]) -> str:
     part = found["step_variants"]
     done = part.get("partial", part)
-    runs, gap = done["variants"], done["bf16_vs_fp32"]["max_abs_diff"]
+    runs, gap = done["variants"], done["bf16_vs_fp32"].get("max_abs_diff")
     cells = []
     for name, run in runs.items():
         if name == "eager" or "skipped" in run:
@@ -187,7 +187,8 @@ def _variants(found: dict[str, Any]) -> str:
         cells.append(cell)
     verdict = f" ({_met(part['ok'])})" if "ok" in part else ""
     cut = "" if "error" not in part else f", then stopped: {str(part['error']).split(':')[0]}"
-    return f"{'; '.join(cells)}; bf16 vs fp32 {gap:.1e}{verdict}{cut}"
+    yardstick = "" if gap is None else f"; bf16 vs fp32 {gap:.1e}"
+    return f"{'; '.join(cells)}{yardstick}{verdict}{cut}"
 
 
 def _peaks(found: dict[str, Any]) -> str:

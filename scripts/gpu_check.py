@@ -171,7 +171,7 @@ def _speed(model: str) -> Any:
 # a part killed at its box keeps the rounds it reported.
 SPEED_PARTS: tuple[Part, ...] = (
     Part("environment", 30, environment, "versions, GPU, driver, packages"),
-    Part("step_variants", 100, _lazy("gpu_check_variants", "step_variants"), "bytes vs eager"),
+    Part("step_variants", 95, _lazy("gpu_check_variants", "step_variants"), "bytes vs eager"),
     Part("speed.preresnet20", 110, _speed("preresnet20"), "4 step variants"),
     Part("speed.wideresnet28x10", 140, _speed("wideresnet28x10"), "4 step variants"),
     Part("speed.preresnet164", 260, _speed("preresnet164"), "4 + reference, projection"),

@@ -862,3 +862,23 @@ def test_the_gpu_table_shows_how_far_each_fast_step_lands_from_eager() -> None:
     assert _variants({"step_variants": cut}).endswith(
         "bf16 vs fp32 1.2e-02, then stopped: timed out after 80 s (its time box)"
     )
+
+
+def test_make_gpu_check_runs_every_speed_part_once() -> None:
+    """`make gpu-check` splits --speed in two invocations (PreResNet-164's cold compile
+    alone takes minutes): together they name every speed part, none twice."""
+    import re
+
+    from gpu_check import BUDGET_S, SPEED_PARTS
+    from gpu_check_runner import MARGIN_S
+
+    makefile = (ROOT / "Makefile").read_text()
+    light = re.search(r"^GPU_CHECK_SPEED = (\S+)$", makefile, re.M)
+    assert light is not None
+    deep = re.findall(r"--speed --out \$\(GPU_CHECK_OUT\) --parts (\S+);", makefile)
+    assert deep[0] == "$(GPU_CHECK_SPEED)", deep
+    named = [*light.group(1).split(","), *deep[1].split(",")]
+    assert sorted(named) == sorted(p.name for p in SPEED_PARTS if p.name != "environment")
+    boxes = {p.name: p.box_s for p in SPEED_PARTS}
+    for parts in (light.group(1).split(","), deep[1].split(",")):  # each fits, unscaled
+        assert boxes["environment"] + sum(boxes[n] for n in parts) <= BUDGET_S - MARGIN_S

@@ -31,7 +31,7 @@ def run() -> None:
             fit,
             normalise,
             d.storage,
-            resolve_device(p.device),
+            resolve_device(p.device, p.deterministic),
         )
         mark_outputs(mlrun, [MANIFEST])
         mlrun.log_datasets(prepared_datasets(MANIFEST))

@@ -69,7 +69,7 @@ def run() -> None:
     chosen = [int(sys.argv[1])] if len(sys.argv) == 2 else list(sweep.workers)
     base = p.finetune[sweep.trajectory]
     start_file = Path("models") / base.start / "posterior.pt"
-    device = local_device(resolve_device(p.device))
+    device = local_device(resolve_device(p.device, p.deterministic))
     start = load_posterior(start_file)
 
     def variant(w: int) -> tuple[str, DSWAGTrajectory]:

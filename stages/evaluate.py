@@ -179,7 +179,7 @@ def run() -> None:
 
     p = params()
     trajectory, names = _args(p)
-    device = local_device(resolve_device(p.device))
+    device = local_device(resolve_device(p.device, p.deterministic))
 
     def share() -> None:
         # Joined first: under torchrun the thread count is set before any work.

@@ -48,7 +48,7 @@ def run() -> None:
     history = Path("plots/finetune") / f"{name}.csv"
     traj = p.finetune[name].model_dump()
     start_file = Path("models") / p.finetune[name].start / "posterior.pt"
-    device = local_device(resolve_device(p.device))
+    device = local_device(resolve_device(p.device, p.deterministic))
     distributed = isinstance(p.finetune[name], DSWAGTrajectory)
     laplace = isinstance(p.finetune[name], LaplaceTrajectory)
 

@@ -80,7 +80,7 @@ class _Context:
         from bayesavg.evaluation.evaluate import bn_inputs
         from bayesavg.seeding import derive_seed, resolve_device
 
-        self.device = resolve_device(p.device)
+        self.device = resolve_device(p.device, p.deterministic)
         data = load_prepared(PREPARED)
         land = p.evaluate.landscape
         part = data.train.random_subset(land.n_points, derive_seed(p.seed, "landscape"))
@@ -239,7 +239,7 @@ def _plane(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list
     from bayesavg.seeding import derive_seed, resolve_device
 
     pp = p.evaluate.plane
-    device = resolve_device(p.device)
+    device = resolve_device(p.device, p.deterministic)
     data = load_prepared(PREPARED)
     posterior = load_posterior(_posterior_file(name))
     state = posterior.hwa["mu"] if posterior.hwa else posterior.collector

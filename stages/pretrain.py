@@ -41,7 +41,7 @@ def run() -> None:
     from bayesavg.trajectories import compute_for, pretrain_members
 
     p = params()
-    device = local_device(resolve_device(p.device))
+    device = local_device(resolve_device(p.device, p.deterministic))
 
     def work(ckpt=None):
         world = current_world(device)

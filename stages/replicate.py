@@ -54,7 +54,7 @@ def _finetune(p: Params, out: Path) -> None:
     from bayesavg.seeding import resolve_device
     from bayesavg.seeds.replicate import posteriors
 
-    found = posteriors(p, load_prepared(PREPARED), resolve_device(p.device))
+    found = posteriors(p, load_prepared(PREPARED), resolve_device(p.device, p.deterministic))
     for name in p.finetune:
         save_posterior(out / name / "posterior.pt", found[name])
 
@@ -69,7 +69,7 @@ def _evaluate(p: Params, models: Path, out: Path, mlrun: Any) -> None:
     prepared = load_prepared(PREPARED)
     used = {pred.trajectory for pred in p.evaluate.by_name.values()}
     found = {t: load_posterior(models / t / "posterior.pt") for t in sorted(used)}
-    results = predictions(p, prepared, found, resolve_device(p.device))
+    results = predictions(p, prepared, found, resolve_device(p.device, p.deterministic))
     arrays = {name: r.log_probs for name, r in results.items()}
     write_npz(out / "predictions.npz", {"y": prepared.test.y.numpy(), **arrays})
     summary = {n: {k: r.metrics[k] for k in METRICS if k in r.metrics} for n, r in results.items()}

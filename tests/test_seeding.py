@@ -62,6 +62,37 @@ def test_choosing_a_cuda_device_turns_on_deterministic_kernels(
     assert resolve_device("auto").type == "cpu" and asked == [True]  # the CPU: untouched
 
 
+def test_deterministic_false_asks_cuda_for_its_fastest_kernels_for_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``deterministic: false`` is a process's choice: the device's resolution sets it, and
+    every later seeding (``seed_everything`` calls ``deterministic_kernels``) keeps it;
+    fp32 stays IEEE. The default gives deterministic kernels back."""
+    from bayesavg import seeding
+
+    asked: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **_: asked.append(on))
+    monkeypatch.setitem(seeding._KERNELS, "deterministic", True)
+    saved = (
+        torch.utils.deterministic.fill_uninitialized_memory,
+        torch.backends.cudnn.conv.fp32_precision,
+        torch.backends.cudnn.benchmark,
+    )
+    try:
+        assert seeding.resolve_device("cuda", deterministic=False).type == "cuda"
+        assert asked == [False] and torch.backends.cudnn.benchmark is True
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+        seeding.deterministic_kernels(torch.device("cuda"))  # what seed_everything does
+        assert asked == [False, False] and torch.backends.cudnn.benchmark is True
+        seeding.resolve_device("cuda")
+        assert asked == [False, False, True] and torch.backends.cudnn.benchmark is False
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = saved[0]
+        torch.backends.cudnn.conv.fp32_precision = saved[1]
+        torch.backends.cudnn.benchmark = saved[2]
+
+
 def test_the_device_model_names_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint's key holds it: ``device: auto`` made on the CPU must not resume on a
     GPU (its RNG state has no CUDA stream), nor one from an H100 on another GPU model."""

@@ -43,7 +43,12 @@ def seed_everything(seed: int, device: torch.device | str = "cpu") -> None:
     deterministic_kernels(torch.device(device))
 
 
-def deterministic_kernels(device: torch.device) -> None:
+# The process's kernel choice on CUDA (params ``deterministic``), set where the device
+# is resolved and kept by every later ``seed_everything``.
+_KERNELS = {"deterministic": True}
+
+
+def deterministic_kernels(device: torch.device, deterministic: bool | None = None) -> None:
     """On CUDA, deterministic kernels: a rerun on the same GPU model gives the same bytes.
 
     cuBLAS needs its workspace setting before its first call in the process, so this
@@ -54,13 +59,21 @@ def deterministic_kernels(device: torch.device) -> None:
     And fp32 means fp32: cuDNN runs float32 convolutions as TF32 (10-bit mantissa) by
     default on Ampere and newer, while matrix products stay IEEE; ``precision: bf16`` is
     the fast choice, and autocast is unaffected.
+
+    ``deterministic=False`` (params ``deterministic: false``, for the process from here
+    on): torch's determinism off and cuDNN's autotuner on (``cudnn.benchmark``), the
+    kernels the SWAG reference code runs with: whatever is fastest, atomics included, so
+    a rerun differs in the last bits. The CPU's kernels are deterministic either way.
     """
+    if deterministic is not None:
+        _KERNELS["deterministic"] = deterministic
     if device.type != "cuda":
         return
+    on = _KERNELS["deterministic"]
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.use_deterministic_algorithms(on, warn_only=False)
     torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = not on
     torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
 
 
@@ -70,10 +83,11 @@ def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     return gen
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, deterministic: bool = True) -> torch.device:
     """``auto`` picks CUDA when present; anything else is passed to torch. A CUDA device
-    gets deterministic kernels from here on (``deterministic_kernels``): every stage and
-    ``bayesavg evaluate`` resolve their device before any work, training or not."""
+    gets deterministic kernels from here on (``deterministic_kernels``; ``deterministic``
+    false: the fastest ones): every stage and ``bayesavg evaluate`` resolve their device
+    before any work, training or not."""
     try:
         device = torch.device(
             ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
@@ -94,7 +108,7 @@ def resolve_device(name: str) -> torch.device:
         # the current device too: what takes the current one (new streams, a CUDA graph's
         # capture stream, caching-allocator calls) works on the GPU asked for, not cuda:0
         torch.cuda.set_device(device)
-    deterministic_kernels(device)
+    deterministic_kernels(device, deterministic)
     return device
 
 

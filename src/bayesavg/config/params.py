@@ -36,6 +36,9 @@ class Params(_Section):
     channels_last: Literal["auto"] | bool = "auto"
     compile: bool = False
     cuda_graphs: bool = False
+    # CUDA's kernels: deterministic (a rerun gives the same bytes) or cuDNN's autotuned
+    # fastest (``seeding.deterministic_kernels``); the CPU's are deterministic either way
+    deterministic: bool = True
     data: DataParams = DataParams()
     model: ModelParams = ModelParams()
     pretrain: PretrainParams = PretrainParams()

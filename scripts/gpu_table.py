@@ -133,7 +133,7 @@ def _speed(found: dict[str, Any], model: str) -> str:
     met = f" ({_met(done['goal_met'])})" if "goal_met" in done else ""
     unpinned = done.get("unpinned_kernels_over_graphs")
     what = (
-        "" if unpinned is None else f"; graphs without deterministic kernels {unpinned:.2f}x graphs"
+        "" if unpinned is None else f"; graphs with `deterministic: false` {unpinned:.2f}x graphs"
     )
     if "eager_over_bare" in done:
         what = f"; eager / bare PyTorch {done['eager_over_bare']:.2f}x" + what
@@ -151,6 +151,9 @@ def _protocol(found: dict[str, Any]) -> str:
     hours = done["protocol_hours"]
     bare = done.get("protocol_unmonitored_reference_over_ours")
     without = "" if bare is None else f" ({bare:.1f}x without the reference's monitoring)"
+    fast = done.get("protocol_reference_over_ours_deterministic_false")
+    if fast is not None:
+        without += f"; {fast:.1f}x with `deterministic: false`"
     if done.get("protocol_forward") != "measured":
         without += "; forward images assumed at a third of a training image's cost"
     return (

@@ -686,7 +686,13 @@ def test_the_speed_summary_and_the_protocol_projection() -> None:
     found = _summary("preresnet164")({}, 100, seconds)
     assert found["unpinned_kernels_over_graphs"] == 3.0
     assert "graphs_unpinned_kernels" not in found["over_eager"] and found["best"] == "compiled"
-    assert found["protocol_hours"]["ours"] == hours["ours"]  # not a variant the library runs
+    assert found["protocol_hours"]["ours"] == hours["ours"]  # the default's: deterministic
+    rate = found["images_per_s"]["graphs_unpinned_kernels"]
+    assert rate == round(100 / 0.75, 1)  # its median round: 0.75 s
+    fast = protocol_hours(p, rate, ours_monitored(p))
+    assert found["protocol_hours"]["ours_deterministic_false"] == round(fast, 2)
+    theirs = protocol_hours(p, 5.0, reference_monitored(p))
+    assert found["protocol_reference_over_ours_deterministic_false"] == round(theirs / fast, 2)
 
 
 @pytest.mark.slow
@@ -730,13 +736,17 @@ def test_the_gpu_table_shows_the_speed_parts_once_they_ran() -> None:
     unpinned = {**part, "unpinned_kernels_over_graphs": 1.1, "eager_over_bare": 0.97}
     assert _speed({"speed.preresnet20": unpinned}, "preresnet20").endswith(
         "eager 1000 img/s; eager / bare PyTorch 0.97x; "
-        "graphs without deterministic kernels 1.10x graphs"
+        "graphs with `deterministic: false` 1.10x graphs"
     )
     assumed = "; forward images assumed at a third of a training image's cost"
     assert _protocol(found) == "6.2x (met): 2.00 h vs 12.50 h" + assumed
     bare = {**part, "protocol_unmonitored_reference_over_ours": 5.8, "protocol_forward": "measured"}
     assert _protocol({"speed.preresnet164": bare}) == (
         "6.2x (met): 2.00 h vs 12.50 h (5.8x without the reference's monitoring)"
+    )
+    fast = {**bare, "protocol_reference_over_ours_deterministic_false": 7.1}
+    assert _protocol({"speed.preresnet164": fast}).endswith(
+        "monitoring); 7.1x with `deterministic: false`"
     )
     assert _speed({"speed.preresnet20": {"error": "OutOfMemoryError: x"}}, "preresnet20") == (
         "failed: OutOfMemoryError"

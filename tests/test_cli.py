@@ -547,3 +547,30 @@ def test_mutual_information_of_a_single_network_detects_nothing(
     args = _evaluate_args(tiny_posteriors.plain, "map", "mnist5k", out, "--ood", "animal_mnist")
     mi = _run_ok(args, out)["ood"]["animal_mnist"]["mutual_info"]
     assert mi["auroc"] == 0.5, "every score is 0: no ranking"
+
+
+def test_no_deterministic_reaches_the_device_s_kernel_choice(
+    tiny_posteriors: TinyPosteriors,
+    mnist5k_prepared: PreparedDir,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--no-deterministic`` is the params' ``deterministic: false`` for the CLI: it goes
+    to ``resolve_device``, which sets CUDA's kernels (tests/test_seeding.py); the default
+    keeps them deterministic."""
+    from bayesavg import seeding
+
+    asked: list[bool] = []
+    real = seeding.resolve_device
+
+    def resolve(name: str, deterministic: bool = True) -> torch.device:
+        asked.append(deterministic)
+        return real(name, deterministic)
+
+    monkeypatch.setattr(seeding, "resolve_device", resolve)
+    out = tmp_path / "m.json"
+    args = _evaluate_args(tiny_posteriors.plain, "map", "mnist5k", out)
+    first = _run_ok(args, out)
+    second = _run_ok([*args, "--no-deterministic"], out)
+    assert asked == [True, False]
+    assert first == second  # on the CPU the kernels are deterministic either way

@@ -73,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", required=True, type=Path, help="metrics JSON to write")
     ev.add_argument("--reliability", type=Path, default=None, help="also write bins as CSV")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument(
+        "--deterministic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA's deterministic kernels (the params' deterministic); --no-deterministic: "
+        "cuDNN's autotuned fastest, reruns differ in the last bits",
+    )
     ev.add_argument("--batch-size", type=int, default=1000)
     ev.add_argument(
         "--bn-update-fraction",
@@ -184,7 +191,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     if not 0 < args.bn_update_fraction <= 1:
         raise UserError(f"--bn-update-fraction: must be in (0, 1] (got {args.bn_update_fraction})")
     requested = _temperature(args)
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, args.deterministic)
     posterior = load_posterior(args.posterior)
     d = posterior.data
     split_args = (args.raw_dir, posterior.input_shape)

@@ -204,6 +204,8 @@ def stage_checkpoint(
             # compiled and eager steps round differently: a resume keeps the run's kind
             "compile": p.compile,
             "cuda_graphs": p.cuda_graphs,
+            # CUDA's fastest kernels: keyed only where chosen, so a default run's key stays
+            **({} if p.deterministic else {"deterministic": False}),
             "augment": p.data.augment.model_dump(),
             "processes": launch.nproc(),
             "numerics": numerics.describe(),

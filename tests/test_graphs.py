@@ -112,13 +112,13 @@ def test_adam_at_a_float64_tensor_rate_is_bitwise_adam_at_a_float_rate() -> None
 
 
 def test_adams_rate_on_cuda_is_the_float32_its_fused_kernel_reads() -> None:
-    """CUDA's fused Adam reads a tensor rate with ``lr.const_data_ptr<float>()``: a float64
-    rate fails there ("expected scalar type Float"), so the graph step gives it float32;
-    SGD's own ``addcmul`` and every CPU step keep the float64 rate (bitwise, above)."""
+    """CUDA's fused Adam and SGD read a tensor rate with ``lr.data_ptr<float>()``: a
+    float64 rate fails there ("expected scalar type Float"), so the graph step gives them
+    float32; every CPU step keeps the float64 rate (bitwise, above)."""
     p = [torch.zeros(3)]
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert rate_dtype(Adam(p), cuda) is torch.float32
-    assert rate_dtype(Adam(p), cpu) is rate_dtype(SGD(p), cuda) is torch.float64
+    assert rate_dtype(Adam(p), cuda) is rate_dtype(SGD(p), cuda) is torch.float32
+    assert rate_dtype(Adam(p), cpu) is rate_dtype(SGD(p), cpu) is torch.float64
     step = GraphStep(torch.nn.Linear(2, 2), Adam(p), sgd_step, StepContext(), cpu)
     assert step.rate.dtype is torch.float64
 
@@ -189,3 +189,65 @@ def test_the_step_is_captured_on_a_stream_of_the_batch_s_device(
     assert isinstance(kwargs.get("stream"), _FakeStream), kwargs
     assert kwargs["stream"].device == x.device and kwargs["capture_error_mode"] == "thread_local"
     assert _FakeGraph.replays == 2  # the capture's own first replay, then the next step's
+
+
+@pytest.fixture
+def fused_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGD's CUDA path on the CPU: torch's fused SGD has a CPU kernel of the same formula."""
+    from bayesavg.training import optim
+
+    monkeypatch.setattr(optim, "fused_sgd", lambda params: bool(params))
+
+
+@pytest.mark.parametrize(("weight_decay", "momentum"), [(0.0, 0.0), (5e-4, 0.9)])
+@pytest.mark.usefixtures("fused_everywhere")
+def test_on_cuda_a_plain_sgd_step_and_a_captured_one_take_the_same_update(
+    weight_decay: float, momentum: float
+) -> None:
+    """Both are torch.optim.SGD(fused=True) at the float32 rate: the plain step rounds
+    its rate as the kernel reads the graph's float32 tensor (CUDA's kernel multiplies in
+    double, so there an unrounded rate could move a last bit; the CPU's does not show it:
+    the GPU check's ``step_variants`` compares the bytes on CUDA)."""
+    from bayesavg.training.optim import float32
+
+    torch.manual_seed(0)
+    start = [torch.randn(1001), torch.randn(3, 7)]
+    a, b, c = ([t.clone() for t in start] for _ in range(3))
+    plain = SGD(a, momentum=momentum, weight_decay=weight_decay)
+    graph = SGD(b, momentum=momentum, weight_decay=weight_decay)
+    torch_own = torch.optim.SGD(c, lr=0.0, momentum=momentum, weight_decay=weight_decay, fused=True)
+    rate = torch.zeros((), dtype=rate_dtype(graph, torch.device("cuda")))
+    graph.param_groups[0]["lr"] = rate
+    for i in range(5):
+        grads = [torch.randn_like(t) for t in start]
+        for params in (a, b, c):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+        lr = 0.0123 * (i + 1)  # not a float32: rounding it matters
+        assert float32(lr) != lr and float32(lr) == torch.tensor(lr, dtype=torch.float32).item()
+        plain.param_groups[0]["lr"] = lr
+        rate.fill_(lr)
+        torch_own.param_groups[0]["lr"] = float32(lr)
+        plain.step()
+        graph.step()
+        torch_own.step()
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+    if momentum:
+        assert plain.state_dict()["state"].keys() == {0, 1}
+
+
+@pytest.mark.usefixtures("fused_everywhere")
+def test_a_parameter_whose_first_gradient_comes_late_gets_its_momentum_buffer() -> None:
+    """The fused kernel makes every buffer on the first step or none: a parameter that
+    first has a gradient after the others' first step takes torch's default step."""
+    torch.manual_seed(0)
+    first, late = torch.randn(5), torch.randn(4)
+    opt = SGD([first, late], momentum=0.9)
+    opt.param_groups[0]["lr"] = 0.1
+    first.grad = torch.randn(5)
+    opt.step()
+    first.grad, late.grad = torch.randn(5), torch.randn(4)
+    opt.step()
+    assert set(opt.state) == {first, late}
+    assert torch.equal(opt.state[late]["momentum_buffer"], late.grad)

@@ -7,10 +7,10 @@ needs is what this step is made of, on every device ("graph-ready"):
 
 - static batch buffers: each batch is copied into the same tensors;
 - the learning rate as a device tensor that the loop fills before each step
-  (``fill_`` with a Python number: a kernel argument, no synchronisation); SGD
-  updates with ``addcmul`` by it and fused Adam takes it natively, both bitwise
-  the update at a float rate on the CPU (on CUDA, Adam's kernel takes a float32
-  rate: ``rate_dtype``);
+  (``fill_`` with a Python number: a kernel argument, no synchronisation); on the
+  CPU SGD updates with ``addcmul`` by it and fused Adam takes it natively, both
+  bitwise the update at a float rate; on CUDA SGD's and Adam's fused kernels take
+  it, as float32 (``rate_dtype``), one launch for all parameters (``optim.fused_sgd``);
 - forward, backward, the optimizer's step and the epoch's running loss and
   accuracy sums inside the step; nothing reads a device value on the host.
 
@@ -31,7 +31,7 @@ import logging
 import torch
 from torch import nn
 
-from .optim import Adam, Optimizer
+from .optim import SGD, Adam, Optimizer
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +53,12 @@ def unsupported(*, sam: bool, sgld: bool, precision: str, processes: int) -> str
 
 def rate_dtype(optimizer: Optimizer, device: torch.device) -> torch.dtype:
     """The learning-rate tensor's dtype: float64, the rate as the float the plain loop
-    passes (bitwise on the CPU, tests/test_graphs.py), except for Adam on CUDA, whose
-    fused kernel reads a tensor rate as float32 (``lr.const_data_ptr<float>()``) and
-    fails on any other dtype. There the rate is rounded to float32, as the kernel's
-    float arithmetic rounds a float rate anyway, up to the last bit of the step size."""
-    if isinstance(optimizer, Adam) and device.type == "cuda":
+    passes (bitwise on the CPU, tests/test_graphs.py), except on CUDA, where Adam and SGD
+    step with fused kernels that read a tensor rate as float32 (``lr.data_ptr<float>()``)
+    and fail on any other dtype. There the rate is rounded to float32: for Adam the
+    kernel's float arithmetic rounds a float rate anyway, up to the last bit of the step
+    size; plain SGD steps pass the float32 rate too (``optim.fused_sgd``)."""
+    if isinstance(optimizer, Adam | SGD) and device.type == "cuda":
         return torch.float32
     return torch.float64
 

@@ -7,13 +7,15 @@ compilable. Nothing here is compiled, so only the bookkeeping is written
 here: param groups (``lr`` set per iteration by the training loop, as with
 ``torch.optim``), per-parameter state and ``state_dict`` for checkpoints.
 The arithmetic is torch's public functional API (``torch.optim.sgd.sgd``,
-``torch.optim.adam.adam``) with torch's own defaults per device, so every
-step is bitwise the one ``torch.optim.SGD`` / ``torch.optim.Adam(fused=True)`` take
-(tests/test_optim.py). ``bayesavg.trajectories.sgld.SGLD`` builds on the same base.
+``torch.optim.adam.adam``), so every step is bitwise the one ``torch.optim.SGD`` /
+``torch.optim.Adam(fused=True)`` take (tests/test_optim.py); on CUDA, SGD is
+``torch.optim.SGD(fused=True)`` at the rate rounded to float32 (``fused_sgd``).
+``bayesavg.trajectories.sgld.SGLD`` builds on the same base.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -91,21 +93,57 @@ class SGD(Optimizer):
         group = self.param_groups[0]
         params = self._with_grads()
         buffers = [self.state.get(p, {}).get("momentum_buffer") for p in params]
-        step = _sgd_at_tensor_rate if isinstance(group["lr"], torch.Tensor) else sgd
-        step(
-            params,
-            [p.grad for p in params],
-            buffers,
-            weight_decay=group["weight_decay"],
-            momentum=group["momentum"],
-            lr=group["lr"],
-            dampening=0.0,
-            nesterov=False,
-            maximize=False,
-        )
+        lr = group["lr"]
+        tensor_rate = isinstance(lr, torch.Tensor)
+        some_new = any(b is None for b in buffers) and not all(b is None for b in buffers)
+        if fused_sgd(params) and not some_new:
+            sgd(
+                params,
+                [p.grad for p in params],
+                buffers,
+                weight_decay=group["weight_decay"],
+                momentum=group["momentum"],
+                lr=lr if tensor_rate else float32(lr),
+                dampening=0.0,
+                nesterov=False,
+                maximize=False,
+                fused=True,
+            )
+        else:
+            step = _sgd_at_tensor_rate if tensor_rate else sgd
+            step(
+                params,
+                [p.grad for p in params],
+                buffers,
+                weight_decay=group["weight_decay"],
+                momentum=group["momentum"],
+                lr=lr,
+                dampening=0.0,
+                nesterov=False,
+                maximize=False,
+            )
         if group["momentum"]:
             for p, buf in zip(params, buffers, strict=True):
                 self.state.setdefault(p, {})["momentum_buffer"] = buf
+
+
+def fused_sgd(params: list[torch.Tensor]) -> bool:
+    """Whether SGD steps ``params`` with torch's fused kernel: on CUDA.
+
+    One multi-tensor launch for every parameter's update, where torch's default
+    (foreach) launches several and the tensor-rate step of a captured graph one per
+    parameter and operation: PreResNet-164's 494 tensors made about 2,000 tiny kernels a
+    step. The fused kernel reads a tensor rate as float32 (``lr.data_ptr<float>()``), so
+    the plain step passes the float32 rate too (``float32``): a captured step and a plain
+    one take the same update, bitwise. The CPU keeps torch's default: its bytes are the
+    pipeline's committed ones.
+    """
+    return bool(params) and params[0].is_cuda
+
+
+def float32(rate: float) -> float:
+    """``rate`` rounded to float32, as the fused CUDA kernel reads a tensor rate."""
+    return struct.unpack("f", struct.pack("f", rate))[0]
 
 
 def _sgd_at_tensor_rate(

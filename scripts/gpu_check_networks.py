@@ -17,6 +17,7 @@ from torch import nn
 
 from bayesavg.models import build_model
 from bayesavg.seeding import seed_everything
+from bayesavg.training import optim
 
 # (name, input shape, kwargs) of the registry's networks
 BUILT_IN: list[tuple[str, tuple[int, int, int], dict[str, Any]]] = [
@@ -61,14 +62,21 @@ def build(name: str, shape: tuple[int, int, int], kwargs: dict[str, Any]) -> nn.
 
 
 def step(model: nn.Module, x: torch.Tensor) -> None:
-    """A training step's forward, loss and backward, then a prediction; the output checks
-    the training loop relies on: one tensor of ``CLASSES`` logits per image."""
+    """Two training steps (forward, loss, backward, the library's SGD with momentum and
+    weight decay: on CUDA its fused kernel over every parameter, whatever their layouts;
+    the second step with momentum buffers), then a prediction; the output checks the
+    training loop relies on: one tensor of ``CLASSES`` logits per image."""
     y = torch.arange(len(x), device=x.device) % CLASSES
+    opt = optim.build("sgd", model.parameters(), momentum=0.9, weight_decay=5e-4)
+    opt.param_groups[0]["lr"] = 0.01
     model.train()
-    logits = model(x)
-    if not isinstance(logits, torch.Tensor) or logits.shape != (len(x), CLASSES):
-        raise TypeError(f"the training-mode output is {type(logits).__name__}, not logits")
-    nn.functional.cross_entropy(logits, y).backward()
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        logits = model(x)
+        if not isinstance(logits, torch.Tensor) or logits.shape != (len(x), CLASSES):
+            raise TypeError(f"the training-mode output is {type(logits).__name__}, not logits")
+        nn.functional.cross_entropy(logits, y).backward()
+        opt.step()
     model.eval()
     with torch.no_grad():
         model(x)

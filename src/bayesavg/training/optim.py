@@ -15,6 +15,7 @@ The arithmetic is torch's public functional API (``torch.optim.sgd.sgd``,
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -97,31 +98,20 @@ class SGD(Optimizer):
         tensor_rate = isinstance(lr, torch.Tensor)
         some_new = any(b is None for b in buffers) and not all(b is None for b in buffers)
         if fused_sgd(params) and not some_new:
-            sgd(
-                params,
-                [p.grad for p in params],
-                buffers,
-                weight_decay=group["weight_decay"],
-                momentum=group["momentum"],
-                lr=lr if tensor_rate else float32(lr),
-                dampening=0.0,
-                nesterov=False,
-                maximize=False,
-                fused=True,
-            )
+            step, rate = functools.partial(sgd, fused=True), lr if tensor_rate else float32(lr)
         else:
-            step = _sgd_at_tensor_rate if tensor_rate else sgd
-            step(
-                params,
-                [p.grad for p in params],
-                buffers,
-                weight_decay=group["weight_decay"],
-                momentum=group["momentum"],
-                lr=lr,
-                dampening=0.0,
-                nesterov=False,
-                maximize=False,
-            )
+            step, rate = (_sgd_at_tensor_rate if tensor_rate else sgd), lr
+        step(
+            params,
+            [p.grad for p in params],
+            buffers,
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=rate,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
         if group["momentum"]:
             for p, buf in zip(params, buffers, strict=True):
                 self.state.setdefault(p, {})["momentum_buffer"] = buf

@@ -30,6 +30,7 @@ not, so neither projection counts them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,9 @@ class Protocol:
         }
 
 
+@functools.cache
 def cifar10() -> Protocol:
+    """The preset's protocol, read once (the speed part projects after every round)."""
     return Protocol.from_preset(yaml.safe_load(PRESET.read_text()))
 
 

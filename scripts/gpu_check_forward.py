@@ -152,7 +152,7 @@ def forward_rates(
     samples: dict[str, Sample] = {}
     for name, (build, deterministic) in builders.items():
         try:
-            with _modes(deterministic, not deterministic):
+            with _modes(name, deterministic):
                 found = build()
                 if isinstance(found, str):
                     out.setdefault("skipped", {})[name] = found
@@ -165,7 +165,7 @@ def forward_rates(
     seconds: dict[str, list[float]] = {name: [] for name in samples}
     for _ in range(ROUNDS):
         for name, sample in samples.items():
-            with _modes(builders[name][1], not builders[name][1]):
+            with _modes(name, builders[name][1]):
                 seconds[name].append(timed(sample, device))
     for name, found in seconds.items():
         out["images_per_s"][name] = round(sum(n) / statistics.median(found), 1)

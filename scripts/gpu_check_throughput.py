@@ -71,27 +71,42 @@ def augment_of(model_name: str) -> Augment:
     return AUGMENTS.get(model_name, Augment(4, True))
 
 
+# torch's default for float32 convolutions on CUDA: TF32 (10-bit mantissa) on Ampere
+# and newer; the reference's scripts leave it, the library pins IEEE (``seeding``)
+TORCH_DEFAULT_CONV_FP32 = "tf32"
+
+
 @contextlib.contextmanager
-def _modes(deterministic: bool, benchmark: bool) -> Iterator[None]:
-    """torch's kernel choice for one variant, restored after: the pipeline runs with
+def _modes(name: str, deterministic: bool) -> Iterator[None]:
+    """torch's kernel choice for variant ``name``, restored after: the pipeline runs with
     deterministic algorithms and without their NaN fill of every new allocation
-    (``seeding.deterministic_kernels`` on CUDA); the reference's run_swag.py sets
-    ``cudnn.benchmark = True`` and leaves determinism off."""
+    (``seeding.deterministic_kernels`` on CUDA; with ``deterministic`` false, cuDNN's
+    autotuner instead); the reference's run_swag.py sets ``cudnn.benchmark = True``,
+    leaves determinism off and float32 convolutions at torch's default, TF32. The
+    library's own seeding pins them to IEEE for the whole process, so a reference
+    variant timed after ours would otherwise run IEEE convolutions: slower than the
+    reference code runs."""
     fill = torch.utils.deterministic
+    conv = getattr(torch.backends.cudnn, "conv", None)  # fp32_precision: torch >= 2.9
     before = (
         torch.are_deterministic_algorithms_enabled(),
         torch.backends.cudnn.benchmark,
         fill.fill_uninitialized_memory,
+        conv.fp32_precision if conv is not None else None,
     )
     torch.use_deterministic_algorithms(deterministic)
-    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cudnn.benchmark = not deterministic
     fill.fill_uninitialized_memory = False
+    if conv is not None and name.startswith("reference"):
+        conv.fp32_precision = TORCH_DEFAULT_CONV_FP32
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.benchmark = before[1]
         fill.fill_uninitialized_memory = before[2]
+        if conv is not None:
+            conv.fp32_precision = before[3]
 
 
 def _ours(
@@ -333,7 +348,7 @@ def measure(
     def build(name: str) -> None:  # then a warm-up epoch: its own footprint
         det = deterministic[name]
         try:
-            with _modes(det, not det):
+            with _modes(name, det):
                 resident = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
                 reset_peak(device)
                 fn = builders[name]()
@@ -359,7 +374,7 @@ def measure(
             for name in rotation(list(runs), done):
                 det = deterministic[name]
                 try:
-                    with _modes(det, not det):
+                    with _modes(name, det):
                         seconds[name].append(timed(runs[name], device))
                 except Exception as err:
                     failed[name] = _error(err)

@@ -4,7 +4,8 @@ DVC runs one stage at a time, and each stage computes on ``BAYESAVG_THREADS``
 intra-op threads (default 1), so on a machine with more cores most of them wait.
 This runs up to ``--jobs`` stages at once, each through ``dvc repro --single-item
 <stage>``: DVC still decides whether the stage is stale, runs it, caches its outputs
-and writes its entry in ``dvc.lock``. DVC allows that (it releases the repository
+and writes its entry in ``dvc.lock`` (through ``dvc_lock.py``: that entry alone, not
+the whole file again). DVC allows that (it releases the repository
 lock while a stage's command runs, and ``--wait-for-lock`` makes each wait for the
 others' ``dvc.lock`` writes); this script only orders the stages, starting one when
 all its upstream stages have finished, longest remaining path first (stage seconds
@@ -45,6 +46,9 @@ from bayesavg.runtime import launch, numerics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stages"))
 from _execution import EXECUTION_ENV, described
+
+# ``dvc`` writing only each finished stage's entry of dvc.lock (the same bytes)
+DVC_LOCK = str(Path(__file__).resolve().with_name("dvc_lock.py"))
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -184,7 +188,7 @@ def run(
 
     def launch_stage(stage: str) -> None:
         started = time.monotonic()
-        cmd = [sys.executable, "-m", "dvc", "--wait-for-lock", "repro", "--single-item"]
+        cmd = [sys.executable, DVC_LOCK, "--wait-for-lock", "repro", "--single-item"]
         proc = subprocess.Popen(
             [*cmd, *(["--force"] if force else []), stage],
             stdout=subprocess.PIPE,

@@ -251,3 +251,27 @@ def test_a_parameter_whose_first_gradient_comes_late_gets_its_momentum_buffer() 
     opt.step()
     assert set(opt.state) == {first, late}
     assert torch.equal(opt.state[late]["momentum_buffer"], late.grad)
+
+
+@pytest.mark.usefixtures("fused_everywhere")
+def test_momentum_resumed_into_another_layout_steps_the_fused_kernel() -> None:
+    """A checkpoint written with contiguous convolution weights, resumed with
+    ``channels_last``: CUDA's fused kernel refuses buffers whose strides differ from
+    their parameters' (the CPU's does not check, hence the strides asserted here)."""
+    torch.manual_seed(0)
+    weight = torch.randn(4, 3, 3, 3)
+    saved = SGD([weight.clone()], momentum=0.9)
+    saved.param_groups[0]["lr"] = 0.1
+    saved.params[0].grad = torch.randn(4, 3, 3, 3)
+    saved.step()
+    resumed = weight.clone().to(memory_format=torch.channels_last)
+    opt = SGD([resumed], momentum=0.9)
+    opt.load_state_dict(saved.state_dict())
+    buffer = opt.state[resumed]["momentum_buffer"]
+    assert buffer.stride() == resumed.stride() and torch.equal(
+        buffer, saved.state_dict()["state"][0]["momentum_buffer"]
+    )
+    resumed.grad = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+    opt.param_groups[0]["lr"] = 0.1
+    opt.step()
+    assert torch.isfinite(resumed).all()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_repo import DVC, ROOT, sh
+from pipeline_repo import DVC, ROOT, env, sh
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -238,6 +239,12 @@ def test_the_stages_tracking_workers_are_forked_from_one_server(tmp_path: Path) 
     stages["b"]["deps"] = ["a.txt"]  # not side by side: two stages creating one store race
     repo = _toy(tmp_path, stages)
     (repo / "tracked.py").write_text(TRACKED)
-    _repro(repo, "--jobs", "2")
-    assert [(repo / f"{n}.txt").read_text() for n in "ab"] == ["Forked", "Forked"]
-    assert not list(Path(tempfile.gettempdir()).glob("bayesavg-forks-*/socket"))
+    # the server's socket folder in a temporary directory of this run's own (short: a
+    # socket's path has at most 107 bytes), not among those of tests running beside
+    tmp = Path(tempfile.mkdtemp(prefix="forks-"))
+    try:
+        sh(repo, sys.executable, SCRIPT, "--jobs", "2", environ=env(TMPDIR=str(tmp)))
+        assert [(repo / f"{n}.txt").read_text() for n in "ab"] == ["Forked", "Forked"]
+        assert not list(tmp.glob("bayesavg-forks-*/socket"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -68,13 +68,25 @@ class Optimizer:
             )
         self.param_groups[0].update({k: v for k, v in group.items() if k != "params"})
         self.state = {
-            p: {k: v.to(p.device) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+            p: {k: _placed(v, p) for k, v in s.items()}
             for i, p in enumerate(self.params)
             if (s := state["state"].get(i)) is not None
         }
 
     def _with_grads(self) -> list[torch.Tensor]:
         return [p for p in self.params if p.grad is not None]
+
+
+def _placed(value: Any, param: torch.Tensor) -> Any:
+    """A loaded state value on its parameter's device and, shaped like it (momentum, Adam's
+    moments), in its memory layout: torch's fused kernels refuse buffers whose strides
+    differ from the parameter's, as a checkpoint written without ``channels_last`` and
+    resumed with it would give."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.shape == param.shape and value.dtype == param.dtype:
+        return torch.empty_like(param).copy_(value)
+    return value.to(param.device)
 
 
 class SGD(Optimizer):

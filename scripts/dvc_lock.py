@@ -131,11 +131,16 @@ def modify_lock(path: Any, fs: Any = None) -> Iterator[Any]:
                 os.remove(fresh)
 
 
-def install() -> None:
-    """DVC's lock writes (``dvc.dvcfile``'s ``modify_yaml``) through ``modify_lock``."""
+def install() -> bool:
+    """DVC's lock writes (``dvc.dvcfile``'s ``modify_yaml``) through ``modify_lock``, where
+    this DVC has the internals it relies on (else DVC's own writer: the same bytes)."""
     import dvc.dvcfile
+    import dvc.utils.serialize._yaml as dvc_yaml
 
+    if not hasattr(dvc.dvcfile, "modify_yaml") or not hasattr(dvc_yaml, "_dump"):
+        return False
     dvc.dvcfile.modify_yaml = modify_lock  # type: ignore[assignment]
+    return True
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ def test_dvc_s_lock_writes_take_the_entries_only_path(
     sh(repo, DVC, "repro", "-q")
     before = (repo / "dvc.lock").read_text()
     monkeypatch.setattr(dvc.dvcfile, "modify_yaml", dvc.dvcfile.modify_yaml)  # restored after
-    dvc_lock.install()
+    assert dvc_lock.install()
     dumped = _entries_only(monkeypatch)
     monkeypatch.chdir(repo)  # DVC finds the target from the working directory
     with Repo(str(repo)) as dvc_repo:
@@ -161,3 +161,16 @@ def test_dvc_through_it_writes_the_lock_dvc_s_own_writer_does(tmp_path: Path) ->
     assert list(dvc_lock._load(second)["stages"]) == ["a", "b"]
     sh(repo, DVC, "commit", "-f", "-q", "a")
     assert lock.read_text() == second
+
+
+def test_a_dvc_without_the_internals_it_relies_on_keeps_its_own_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dvc.dvcfile
+    import dvc.utils.serialize._yaml as dvc_yaml
+
+    theirs = dvc.dvcfile.modify_yaml
+    monkeypatch.setattr(dvc.dvcfile, "modify_yaml", theirs)
+    monkeypatch.delattr(dvc_yaml, "_dump")
+    assert not dvc_lock.install()
+    assert dvc.dvcfile.modify_yaml is theirs

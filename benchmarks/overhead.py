@@ -1,4 +1,4 @@
-"""What a pipeline run spends outside the stages' compute, before and after two changes.
+"""What a pipeline run spends outside the stages' compute, before and after three changes.
 
 (a) Tracking workers: ``STAGES`` stage-sized tracked runs one after another (a
     worker each: start, params, a metric history, end), with workers spawned (each
@@ -10,6 +10,11 @@
 (b) The report: ``write_report`` on the tests' full inputs (analyses, DSWAG, seeds)
     with one process against every usable core (``report/parallel.py``); the files
     must be byte-identical.
+(c) The ``dvc.lock`` write after each stage: one stage's entry replaced in the
+    committed lock (its 45 entries) as ``dvc.dvcfile`` does it, through DVC's
+    ``modify_yaml`` (the whole file parsed round-trip and dumped) against
+    ``scripts/dvc_lock.py``'s ``modify_lock`` (the entry alone dumped, read back);
+    the files must be byte-identical.
 
 Rounds rotate the variants' order (``timing.rotation``). Run ``python
 benchmarks/overhead.py`` (about a minute on 2 cores); results go to
@@ -37,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "scripts"))
 
+import dvc_lock  # noqa: E402
 import timing  # noqa: E402
 import tracking_forks  # noqa: E402
 from test_report_analyses import _inputs  # noqa: E402
@@ -133,6 +139,34 @@ def report(rounds: int) -> dict[str, Any]:
     return out
 
 
+def lock_writes(rounds: int) -> dict[str, Any]:
+    from dvc.utils.serialize import modify_yaml
+
+    committed = (HERE.parent / "dvc.lock").read_text()
+    names = list(dvc_lock._load(committed)["stages"])
+    picked = [names[len(names) * k // 4] for k in (1, 2, 3)]  # a stage per round, in turn
+    writers = {"dvc": modify_yaml, "entries": dvc_lock.modify_lock}
+    seconds: dict[str, list[float]] = {name: [] for name in writers}
+    written: dict[str, list[str]] = {name: [] for name in writers}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "dvc.lock"
+        for r in range(rounds):
+            stage = picked[r % len(picked)]
+            for name in timing.rotation(list(writers), r):
+                path.write_text(committed)
+                with timing.Stopwatch() as watch, writers[name](path) as data:
+                    entry = dict(data["stages"][stage], cmd=f"python rerun.py {r}")
+                    data["stages"].update({stage: entry})  # as dvc.dvcfile does
+                seconds[name].append(watch.seconds)
+                written[name].append(path.read_text())
+    out: dict[str, Any] = {"stages": len(names), "bytes": len(committed)}
+    out["seconds"] = timing.rounded(seconds, 3)
+    ratio = timing.ratio(seconds["entries"], seconds["dvc"])
+    out.update(timing.ratio_fields("entries_over_dvc", ratio, 3))
+    out["byte_identical"] = written["entries"] == written["dvc"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -151,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tracking: {results['tracking']}", flush=True)
     results["report"] = report(args.rounds)
     print(f"report: {results['report']}", flush=True)
+    results["lock_writes"] = lock_writes(args.rounds)
+    print(f"lock_writes: {results['lock_writes']}", flush=True)
     timing.finish(results, started)
     timing.write_results(args.out, results)
-    return 0 if results["report"]["byte_identical"] else 1
+    identical = results["report"]["byte_identical"] and results["lock_writes"]["byte_identical"]
+    return 0 if identical else 1
 
 
 if __name__ == "__main__":

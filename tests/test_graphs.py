@@ -254,6 +254,44 @@ def test_a_parameter_whose_first_gradient_comes_late_gets_its_momentum_buffer() 
 
 
 @pytest.mark.usefixtures("fused_everywhere")
+def test_with_a_late_gradient_the_plain_step_still_takes_the_float32_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step where a parameter's buffer is new is torch's default step; its float
+    rate is rounded as the captured step's float32 tensor holds it (CUDA's kernels
+    multiply in double, where the CPU's round the rate to float32 themselves, so the
+    rate passed is what is checked here, then the bytes)."""
+    from bayesavg.training import optim
+
+    rates: list[float] = []
+    default_step = optim.sgd
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("fused"):
+            rates.append(kwargs["lr"])
+        default_step(*args, **kwargs)
+
+    monkeypatch.setattr(optim, "sgd", spy)
+    torch.manual_seed(0)
+    start = [torch.randn(5), torch.randn(4)]
+    a, b = ([t.clone() for t in start] for _ in range(2))
+    plain, graph = SGD(a, momentum=0.9), SGD(b, momentum=0.9)
+    rate = torch.zeros((), dtype=torch.float64)
+    graph.param_groups[0]["lr"] = rate
+    for i, grads in enumerate([[torch.randn(5), None], [torch.randn(5), torch.randn(4)]] * 2):
+        lr = 0.0123 * (i + 1)  # not a float32
+        plain.param_groups[0]["lr"] = lr
+        rate.fill_(optim.float32(lr))  # what a float32 tensor holds
+        for params in (a, b):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = None if g is None else g.clone()
+        plain.step()
+        graph.step()
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert rates == [optim.float32(0.0123 * 2)]  # the one step with a new buffer
+
+
+@pytest.mark.usefixtures("fused_everywhere")
 def test_momentum_resumed_into_another_layout_steps_the_fused_kernel() -> None:
     """A checkpoint written with contiguous convolution weights, resumed with
     ``channels_last``: CUDA's fused kernel refuses buffers whose strides differ from

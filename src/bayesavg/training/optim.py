@@ -109,10 +109,14 @@ class SGD(Optimizer):
         lr = group["lr"]
         tensor_rate = isinstance(lr, torch.Tensor)
         some_new = any(b is None for b in buffers) and not all(b is None for b in buffers)
-        if fused_sgd(params) and not some_new:
-            step, rate = functools.partial(sgd, fused=True), lr if tensor_rate else float32(lr)
+        fused = fused_sgd(params)
+        # on CUDA a float rate is rounded as the captured step's float32 tensor is, also
+        # where some buffers are new (torch's default step): plain = captured, bitwise
+        rate = float32(lr) if fused and not tensor_rate else lr
+        if fused and not some_new:
+            step = functools.partial(sgd, fused=True)
         else:
-            step, rate = (_sgd_at_tensor_rate if tensor_rate else sgd), lr
+            step = _sgd_at_tensor_rate if tensor_rate else sgd
         step(
             params,
             [p.grad for p in params],

@@ -125,6 +125,7 @@ def speed(model_name: str, ctx: Context) -> dict[str, Any]:
         protocol = cifar10()
         head["protocol"] = protocol.as_dict()
         batch, quick = protocol.eval_batch, ctx.quick
+        ctx.report(dict(head, forward="timing one evaluation sample of each"))
         head["forward"] = forward_rates(model_name, device, prec.name, batch, size, quick)
         ctx.report(head)
     compiled = frozenset(name for name, (compile, _) in VARIANTS.items() if compile)

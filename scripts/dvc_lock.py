@@ -3,17 +3,18 @@
 
 Why: after every stage DVC rewrites ``dvc.lock`` through ``modify_yaml``, which parses
 the whole file with ruamel's round-trip loader (pure Python, to keep comments and
-styles) and dumps all of it again. This pipeline's lock holds 44 stages and 1,600
-files (260 kB): 1.5 s to parse and 0.9 s to dump on this project's 2-core machine,
+styles) and dumps all of it again. This pipeline's lock holds 45 entries and 1,600
+files (261 kB): 1.5 s to parse and 0.9 s to dump on this project's 2-core machine,
 two thirds of the 3.7 s a stage pays DVC, and DVC holds the repository lock meanwhile,
 so the stage running beside waits too. A lock is written by DVC alone, so the
 round trip keeps nothing: here it is read with ruamel's safe loader (libyaml, 0.26 s)
 and only the entries that changed are dumped, with DVC's own dumper, in place of
 theirs. DVC's YAML writes a mapping as its entries one after another, so that is the
-text DVC writes, byte for byte (tests/test_dvc_lock.py checks every stage of the
-committed lock); the result is read back and must equal what DVC would have written,
-else DVC's own full dump writes it. Any other file, or a lock whose top level changed,
-goes through DVC's ``modify_yaml`` as before.
+text DVC writes, byte for byte (tests/test_dvc_lock.py checks entries at five
+positions of the committed lock, new ones and a real DVC run). The result is read
+back and must equal what DVC would have written, else DVC's own full dump writes it.
+Any other file, or a lock whose top level changed, goes through DVC's
+``modify_yaml`` as before.
 """
 
 from __future__ import annotations

@@ -202,7 +202,9 @@ def run_job(job: str, spec: dict, compute: Compute, world: World | None, out: Pa
         if compute.is_main:
             ckpt.load()
     result = finetune(p, name, data, start, device, ckpt if compute.is_main else None, compute)
-    agree = _replicas_agree(world) if p.finetune[name].kind != "ensemble" else True
+    # an ensemble's members are spread over the ranks: no replicas to compare (test_data_
+    # parallel's members test compares them with the sequential ones)
+    agree = None if p.finetune[name].kind == "ensemble" else _replicas_agree(world)
     return result, agree
 
 

@@ -4,6 +4,7 @@ swa_ts) outside the pipeline, fitted exactly as the evaluate stage fits them."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,13 +12,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 from PIL import Image
+from pipeline_repo import ROOT, default_params
 
 from bayesavg.cli import main
+from bayesavg.config import parse_params
 from bayesavg.data.prepared import Prepared, load_eval_split
-from bayesavg.evaluation.evaluate import Evaluation, bn_subset, evaluate
+from bayesavg.evaluation.evaluate import Evaluation, bn_inputs, evaluate, needs_bn_data
 from bayesavg.posteriors.file import PosteriorFile, load_posterior, save_posterior
 from bayesavg.predictors.calibration import fit_temperature
 from bayesavg.seeding import derive_seed
+from bayesavg.training.distributed import World
 
 if TYPE_CHECKING:
     from conftest import ImageFolderFactory, PreparedDir, TinyPosteriors
@@ -38,27 +42,32 @@ def _run_ok(args: list[str], out: Path) -> dict[str, Any]:
 
 
 def _stage_predict(
-    posterior: PosteriorFile, name: str, method: str, data: Prepared, bn_x: torch.Tensor | None
+    posterior: PosteriorFile, name: str, data: Prepared, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[float, dict[str, Evaluation]]:
-    """What ``predict`` in stages/evaluate.py computes for a predictor with ``temperature:
-    fit`` (default evaluate params, fp32 on the CPU): the untempered predictor on the
-    prepared val split alone, T fitted on it, then test and val tempered together."""
+    """The evaluate stage's own ``predict`` (stages/evaluate.py) for a predictor with
+    ``temperature: fit``, under the repo's params.yaml, on one CPU process: its test and
+    val predictions (BatchNorm images drawn as the stage draws them) and its fitted T."""
+    monkeypatch.syspath_prepend(str(ROOT / "stages"))  # for its `_common`
+    # under a name of its own: benchmarks/ has an `evaluate` module too
+    spec = importlib.util.spec_from_file_location("stage_evaluate", ROOT / "stages/evaluate.py")
+    assert spec is not None and spec.loader is not None
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    monkeypatch.setattr(stage, "TEMPERATURES", {})
+    p = parse_params(default_params())
+    assert p.seed == PIPELINE_SEED and p.evaluate.by_name[name].temperature == "fit"
+    cpu = torch.device("cpu")
+    method = p.evaluate.by_name[name].method
+    bn_x = None
+    if posterior.has_batchnorm and needs_bn_data(method):
+        bn_x = bn_inputs(posterior, data.train, p.evaluate.bn_update_fraction, p.seed, cpu)
     splits = {
-        split: (posterior.model_input(part.x), part.y)
+        split: (posterior.inputs(part.x, cpu), part.y)
         for split, part in (("test", data.test), ("val", data.val))
     }
-    kw: dict[str, Any] = {
-        "n_samples": 30,
-        "bn_x": bn_x,
-        "batch_size": 1000,
-        "ece_bins": 20,
-        "seed": derive_seed(PIPELINE_SEED, "evaluate", name),
-        "device": torch.device("cpu"),
-        "name": name,
-    }
-    val = evaluate(posterior, method, {"val": splits["val"]}, **kw)["val"]
-    temperature = fit_temperature(val.log_probs, splits["val"][1])
-    return temperature, evaluate(posterior, method, splits, **kw, temperature=temperature)
+    found = stage.Inputs(data, posterior, bn_x, splits, data.test, [], {}, [])
+    results = stage.predict(p, name, found, World(0, 1, cpu), cpu)
+    return stage.TEMPERATURES[name], results
 
 
 def test_the_val_split_is_the_data_stages(mnist5k_prepared: PreparedDir) -> None:
@@ -74,6 +83,7 @@ def test_fit_on_val_reproduces_the_pipelines_predictor(
     bn_swag_posterior: Path,
     mnist5k_prepared: PreparedDir,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     name: str,
     method: str,
 ) -> None:
@@ -82,11 +92,8 @@ def test_fit_on_val_reproduces_the_pipelines_predictor(
     images in the fit and in the tempered evaluation)."""
     path = tiny_posteriors.plain if method == "map" else bn_swag_posterior
     posterior = load_posterior(path)
-    prepared = mnist5k_prepared.prepared
-    bn_x = None
-    if method == "swa":
-        bn_x = posterior.model_input(bn_subset(prepared.train, 1.0, PIPELINE_SEED).x)
-    temperature, stage = _stage_predict(posterior, name, method, prepared, bn_x)
+    assert posterior.has_batchnorm == (method == "swa")
+    temperature, stage = _stage_predict(posterior, name, mnist5k_prepared.prepared, monkeypatch)
 
     out = tmp_path / "m.json"
     seed = str(derive_seed(PIPELINE_SEED, "evaluate", name))

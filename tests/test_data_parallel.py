@@ -59,7 +59,8 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-@pytest.mark.parametrize("job", [j for j in JOBS if j != "pretrain"])
+# pretraining and the ensemble spread members over the ranks: nothing is replicated
+@pytest.mark.parametrize("job", [j for j in JOBS if j not in ("pretrain", "ensemble")])
 def test_replicas_hold_the_same_weights(runs: Path, job: str) -> None:
     for rank in range(2):
         assert (runs / f"agree-{job}-2-{rank}").read_text() == "True"

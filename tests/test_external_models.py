@@ -188,7 +188,9 @@ def test_weights_load_all_but_the_new_head(tmp_path: Path) -> None:
 def test_a_checkpoint_wrapping_its_state_dict_is_unwrapped(tmp_path: Path) -> None:
     state = _imagenet_resnet18(tmp_path / "plain.pt")
     torch.save({"state_dict": {f"module.{k}": v for k, v in state.items()}}, tmp_path / "c.pt")
-    assert read_state(tmp_path / "c.pt").keys() == state.keys()
+    got = read_state(tmp_path / "c.pt")
+    assert got.keys() == state.keys()
+    assert all(torch.equal(got[k], v) for k, v in state.items())
 
 
 def test_safetensors_weights(tmp_path: Path) -> None:

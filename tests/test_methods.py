@@ -23,6 +23,7 @@ from bayesavg.predictors.sampling import centres
 from bayesavg.runtime.errors import UserError
 from bayesavg.seeding import derive_seed
 from bayesavg.trajectories import finetune, pretrain, pretrain_members
+from bayesavg.trajectories.gradient import KeptSamples
 from bayesavg.trajectories.sgld import SGLD
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,8 +267,18 @@ def test_sgld_samples_the_gaussian_posterior_of_a_quadratic() -> None:
     assert sum(draws) / len(draws) == pytest.approx(v / (1 - a / 2), rel=0.02)
 
 
-def test_sgld_trajectory_keeps_the_last_samples(mnist5k_prepared: Any) -> None:
+def test_sgld_trajectory_keeps_the_last_samples(
+    mnist5k_prepared: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     prepared = mnist5k_prepared.prepared
+    collected: list[torch.Tensor] = []  # every sample the chain offered, in order
+    append = KeptSamples.append
+
+    def spy(self: KeptSamples, theta: torch.Tensor) -> None:
+        collected.append(theta.detach().cpu().clone())
+        append(self, theta)
+
+    monkeypatch.setattr(KeptSamples, "append", spy)
     sgld = {
         **SGD,
         "kind": "sgld",
@@ -285,9 +296,9 @@ def test_sgld_trajectory_keeps_the_last_samples(mnist5k_prepared: Any) -> None:
     assert post.samples is not None and post.samples["buffers"] is None
     thetas = post.samples["theta"]
     assert thetas.shape == (3, start.theta.numel())
-    per_epoch = math.ceil(len(prepared.train) / 128)
-    if per_epoch % 5 == 0:
-        assert torch.equal(thetas[-1], post.theta)
+    # one every 5 steps of the second epoch: more than kept, so "last" is tested
+    assert len(collected) == math.ceil(math.ceil(len(prepared.train) / 128) / 5) > 3
+    assert torch.equal(thetas, torch.stack(collected[-3:]))
     split = _split(post, prepared)
     got = evaluate(post, "sgld", split, n_samples=2)["val"]
     assert got.metrics["n_samples"] == 2

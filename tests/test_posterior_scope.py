@@ -105,8 +105,9 @@ def test_a_scoped_posterior_evaluates_and_round_trips(
         load_posterior(tmp_path / "bad.pt")
 
 
-def test_a_whole_posterior_keeps_its_bytes(runs: dict[str, PosteriorFile]) -> None:
-    """Files without posterior.params hold no ``covers`` key: their bytes are as before."""
+def test_a_whole_posterior_writes_no_covers_key(runs: dict[str, PosteriorFile]) -> None:
+    """Files without posterior.params hold no ``covers`` key, so they are the files written
+    before the key existed (the pipeline's posteriors kept their md5 in dvc.lock)."""
     assert "covers" not in runs["start"].to_dict()
     assert runs["frozen"].to_dict()["covers"] == ["4.weight", "4.bias"]
 

@@ -100,7 +100,8 @@ def params(case: ModelCase, epochs: int) -> Params:
 
 
 def problem(name: str, n: int) -> Prepared:
-    """mnist5k split as the pipeline does, or ``n`` CIFAR-shaped random images (+ 64 val/test)."""
+    """mnist5k split by the pipeline's code (val 0.1), or ``n`` CIFAR-shaped random images
+    (+ 64 val/test)."""
     if name == "lenet5":
         return mnist5k()
     g = torch.Generator().manual_seed(SEED)

@@ -1,10 +1,16 @@
 """`make gpu-check`: what only a CUDA GPU can show, part by part, into one JSON file.
 
-Three invocations, each within its budget (default 480 s: 8 minutes on one H100):
+Four invocations in ``make gpu-check``, each within its budget (default 480 s: 8 minutes
+on one H100):
 
     python scripts/gpu_check.py --out gpu-check.json             # the in-process parts
     python scripts/gpu_check.py --pipeline --out gpu-check.json  # stages side by side, toy sizes
-    python scripts/gpu_check.py --speed --out gpu-check.json     # eager/compiled/graphs
+    python scripts/gpu_check.py --speed --out gpu-check.json \
+        --parts step_variants,speed.preresnet20,speed.wideresnet28x10,throughput.resnet50
+    python scripts/gpu_check.py --speed --out gpu-check.json --parts speed.preresnet164
+
+(``--speed`` alone runs all six of its parts in one budget; PreResNet-164's cold
+compilation takes minutes, hence its own invocation.)
 
 Every part runs in a child process of its own with its own time box (``PARTS`` below,
 cheapest first). After each, its result is written into ``--out`` (rewritten whole: it is

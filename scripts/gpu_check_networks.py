@@ -1,5 +1,5 @@
 """The ``networks`` part of ``scripts/gpu_check.py``: every built-in network and one
-classifier of each torchvision family through a training step and a prediction on the
+classifier of each torchvision family through two training steps and a prediction on the
 device, with deterministic algorithms on, as every CUDA stage has them
 (``seed_everything``). On the CPU, ``tests/test_cuda_determinism.py`` records the same
 steps for the operators CUDA refuses in that mode; this is the GPU's own word on it. The

@@ -1,5 +1,6 @@
-"""The short-run parts of ``scripts/gpu_check.py`` (CPU vs CUDA, bf16 vs fp32,
-determinism), each a function returning a dict, and the helpers all parts share."""
+"""The short-run parts of ``scripts/gpu_check.py`` (CPU vs CUDA, bf16 vs fp32), each a
+function returning a dict, and the helpers all parts share (``determinism`` is in
+``gpu_check_determinism.py``)."""
 
 from __future__ import annotations
 

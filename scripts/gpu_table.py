@@ -218,7 +218,7 @@ ROWS = (
         "bf16_vs_fp32",
     ),
     (
-        "built-in networks and a torchvision classifier per family, a training step each "
+        "built-in networks and a torchvision classifier per family, two training steps each "
         "with deterministic algorithms",
         "all 27",
         _networks,

@@ -91,7 +91,7 @@ class DSWAGSweep(_Section):
     @model_validator(mode="after")
     def _check(self) -> DSWAGSweep:
         if len(set(self.workers)) != len(self.workers):
-            raise ValueError("workers: each number of clients once (one DVC stage each)")
+            raise ValueError("workers: each number of clients once (one run of the sweep each)")
         if not self.sigma_multiples:
             raise ValueError("sigma_multiples: at least one multiple")
         return self

@@ -29,7 +29,8 @@ from .trajectories import (
 class Params(_Section):
     seed: NonNegInt = 0
     # The seeds the report averages over: ``seed`` is the pipeline's own stages, every
-    # other one a ``replicate@<s>`` stage that reruns every trajectory and predictor.
+    # other one the stages ``finetune_seed@<s>`` and ``evaluate_seed@<s>``, which rerun
+    # every trajectory and predictor.
     seeds: list[NonNegInt] = Field(default_factory=lambda: [0])
     device: str = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import random
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -17,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
+import bayesavg.runtime.io
 from bayesavg.cli import main
 from bayesavg.data.prepared import to_input
 from bayesavg.models import build_model
@@ -385,6 +387,62 @@ def test_user_errors_exit_2_with_one_line(
     line = _run_user_error(_evaluate_args(posterior, predictor, data, out, *extra), capsys)
     assert expected in line
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("out_is_the_posterior", "is the --posterior file"),
+        ("out_is_a_folder", "is a folder"),
+        ("out_under_a_file", "cannot write under"),
+        ("reliability_is_out", "--reliability: the --out file"),
+        ("reliability_is_a_folder", "--reliability: "),
+        ("reliability_write_fails", "--reliability: cannot write it: Permission denied"),
+        ("device_mps", "device: 'mps' is not one of"),
+        ("device_meta", "device: 'meta' is not one of"),
+    ],
+)
+def test_bad_outputs_and_devices_exit_2_leaving_every_file_as_it_was(
+    tiny_posteriors: TinyPosteriors,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+    expected: str,
+) -> None:
+    """Output paths are checked before any work (the write failing late too is one line,
+    and the other output is not left behind); only cpu and cuda devices run."""
+    posterior = tmp_path / "posterior.pt"
+    shutil.copyfile(tiny_posteriors.swag, posterior)
+    before = posterior.read_bytes()
+    out, reliability = tmp_path / "m.json", tmp_path / "bins.csv"
+    extra = ["--reliability", str(reliability)]
+    if case == "out_is_the_posterior":
+        out = posterior
+    elif case == "out_is_a_folder":
+        out.mkdir()
+    elif case == "out_under_a_file":
+        (tmp_path / "afile").write_text("x")
+        out = tmp_path / "afile" / "m.json"
+    elif case == "reliability_is_out":
+        extra = ["--reliability", str(out)]
+    elif case == "reliability_is_a_folder":
+        reliability.mkdir()
+    elif case == "reliability_write_fails":
+
+        def refused(*args: Any, **kwargs: Any) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(bayesavg.runtime.io, "write_csv", refused)
+    elif case.startswith("device_"):
+        extra += ["--device", case.removeprefix("device_")]
+    args = _evaluate_args(posterior, "swa", "mnist5k", out, *extra)
+    assert expected in _run_user_error(args, capsys)
+    assert posterior.read_bytes() == before
+    left = {"posterior.pt"} | {p.name for p in (out, reliability) if p.is_dir()}
+    if case == "out_under_a_file":
+        left.add("afile")
+    assert {p.name for p in tmp_path.iterdir()} == left  # no output, no temporary file
 
 
 @pytest.mark.parametrize(

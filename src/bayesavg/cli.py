@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -190,6 +191,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         raise UserError(f"--scale: must be >= 0 (got {args.scale})")
     if not 0 < args.bn_update_fraction <= 1:
         raise UserError(f"--bn-update-fraction: must be in (0, 1] (got {args.bn_update_fraction})")
+    _check_outputs(args)
     requested = _temperature(args)
     device = resolve_device(args.device, args.deterministic)
     posterior = load_posterior(args.posterior)
@@ -278,10 +280,36 @@ def _evaluate(args: argparse.Namespace) -> None:
         out["cifar_c_official"] = served
     if ood:
         out["ood"] = result.ood
-    write_json(args.out, out)
-    if args.reliability is not None:
-        write_csv(args.reliability, result.reliability.rows())
+    flag = "--out"
+    try:
+        write_json(args.out, out)
+        if args.reliability is not None:
+            flag = "--reliability"
+            write_csv(args.reliability, result.reliability.rows())
+    except OSError as err:
+        if flag != "--out":  # the command failed: not one of its files without the other
+            Path(args.out).unlink(missing_ok=True)
+        raise UserError(f"{flag}: cannot write it: {err.strerror or err}") from None
     log.info("%s on %s: %s", args.predictor, args.data, result.metrics)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``--out`` and ``--reliability`` checked before any work, so that a path that cannot
+    be written fails in a second, not after the evaluation, and neither names the
+    posterior being read (it would be overwritten) or the other output."""
+    named = {"--out": args.out, "--reliability": args.reliability}
+    given = {flag: Path(p).resolve() for flag, p in named.items() if p is not None}
+    posterior = Path(args.posterior).resolve()
+    for flag, path in given.items():
+        if path == posterior:
+            raise UserError(f"{flag}: {path} is the --posterior file; name another file")
+        if path.is_dir():
+            raise UserError(f"{flag}: {path} is a folder; name a file")
+        folder = next(p for p in path.parents if p.exists())  # where its folders would go
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise UserError(f"{flag}: cannot write under {folder}")
+    if len(set(given.values())) < len(given):
+        raise UserError("--reliability: the --out file; name another file")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -94,6 +94,8 @@ def resolve_device(name: str, deterministic: bool = True) -> torch.device:
         )
     except RuntimeError:
         raise UserError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N") from None
+    if device.type not in ("cpu", "cuda"):  # torch names more (mps, xpu, meta): not run here
+        raise UserError(f"device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(
             f"device: {name} was asked for but no CUDA GPU is available; use auto or cpu"

@@ -62,6 +62,20 @@ def test_cifar100_differs_from_cifar10_only_where_it_says() -> None:
     hundred["finetune"]["swag"]["schedule"]["lr_end"] = 0.01
     hundred["finetune"]["fswag"]["schedule"]["lr_end"] = 0.01
     hundred["finetune"]["multiswag"]["schedule"]["lr_end"] = 0.01
+    # the flat-seeking paper's SAM radius: 0.05 on CIFAR-10, 0.1 on CIFAR-100 (ALGORITHMS §5)
+    flat = [k for k, t in ten["finetune"].items() if isinstance(t, dict) and t.get("sam_rho")]
+    assert set(flat) == {"fswag", "fvi", "fhwa", "f_mc_dropout", "f_ensemble", "f_sgld"}
+    for name in flat:
+        assert (ten["finetune"][name]["sam_rho"], hundred["finetune"][name]["sam_rho"]) == (
+            0.05,
+            0.1,
+        )
+        hundred["finetune"][name]["sam_rho"] = 0.05
+    assert (ten["evaluate"]["sharpness"]["rho"], hundred["evaluate"]["sharpness"]["rho"]) == (
+        0.05,
+        0.1,
+    )
+    hundred["evaluate"]["sharpness"]["rho"] = 0.05
     for key in ("tracking", "report"):
         hundred[key] = ten[key]
     hundred["data"]["dataset"] = "cifar10"

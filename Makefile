@@ -68,7 +68,8 @@ $(STAMP): pyproject.toml Makefile requirements/pins.txt
 install: $(STAMP)
 
 # `dvc repro` with the independent stages side by side: JOBS at once (default: the usable
-# cores over BAYESAVG_THREADS, 1 by default), the same bytes as a plain `dvc repro`.
+# cores over BAYESAVG_THREADS x BAYESAVG_NPROC, both 1 by default; 1 on a CUDA machine),
+# the same bytes as a plain `dvc repro`.
 JOBS ?=
 run: install
 	python scripts/repro.py$(if $(JOBS), --jobs $(JOBS))

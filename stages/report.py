@@ -59,7 +59,7 @@ def _pairs(p: Params) -> list[tuple[str, str]]:
 
 
 def _planes(p: Params) -> dict[str, PlaneData]:
-    """The loss planes of the listed trajectories that the plane stage has written."""
+    """The loss planes of the listed trajectories that stage landscape has written."""
     planes = {}
     for name in p.evaluate.plane.trajectories:
         folder = PLANES / name
@@ -144,7 +144,7 @@ def _seeds(p: Params, predictors: list[PredictorResult]) -> list[SeedRun]:
 
 
 def _landscape(p: Params) -> Landscape | None:
-    """Every landscape analysis the listed stages have written; None if none has."""
+    """Every landscape probe stage landscape has written; None if none has."""
     land = p.evaluate.landscape
     lines = {}
     for name in land.lines:

@@ -30,7 +30,7 @@ from bayesavg.report.claims import Claim, claim_text
 from bayesavg.report.intervals import Interval
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import landscape, ood, sharpness, shift
-from bayesavg.report.sections.calibration import reliability_layout
+from bayesavg.report.sections.calibration import classic_reliability, reliability_layout
 from bayesavg.report.sections.comparisons import baseline_lines, effect
 from bayesavg.report.sections.headline import best_table, ranking_table
 from bayesavg.report.sections.metrics import metrics_note, metrics_table
@@ -748,6 +748,30 @@ def test_figures_are_small_multiples_with_legends_on_the_canvas() -> None:
     assert colours["map"] == style.BASELINE_COLOUR
     for fig in (reliability, samples, training_layout(inputs)):
         assert _legends_inside(fig)
+
+
+def test_classic_reliability_bars_are_accuracy_and_the_gap_to_confidence(
+    predicted: ReportInputs,
+) -> None:
+    """ALGORITHMS §7's classic diagram: a panel per main predictor, per non-empty bin a bar
+    of its accuracy over the bin and a bar from there to its mean confidence."""
+    fig = classic_reliability(predicted)
+    chosen = style.main_predictors(predicted)
+    assert [p.name for p in chosen] == ["map", "swa", "swag"]
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert [ax.get_title().split("  ")[0] for ax in panels] == ["map", "swa", "swag"]
+    for ax, p in zip(panels, chosen, strict=True):
+        bins = [r for r in p.reliability if r["count"] > 0]
+        acc, gap = ax.patches[: len(bins)], ax.patches[len(bins) :]
+        assert len(bins) == 10 and len(gap) == len(bins)
+        for r, a, g in zip(bins, acc, gap, strict=True):
+            width = r["upper"] - r["lower"]
+            assert (a.get_x(), a.get_width(), a.get_y()) == pytest.approx((r["lower"], width, 0))
+            assert a.get_height() == pytest.approx(r["accuracy"])
+            assert g.get_x() == pytest.approx(r["lower"])
+            assert g.get_y() == pytest.approx(r["accuracy"])
+            assert g.get_y() + g.get_height() == pytest.approx(r["confidence"])
+    assert classic_reliability(_inputs()) is None  # no per-point predictions: no panel
 
 
 def test_training_keeps_an_elbo_off_the_cross_entropy_axis() -> None:

@@ -339,4 +339,4 @@ AnyTrajectory = Annotated[
     | Annotated[LaplaceTrajectory, Tag("laplace")],
     Discriminator(_trajectory_tag),
 ]
-STARTS = ("pretrain", "init")  # the stages a trajectory can start from besides trajectories
+STARTS = ("pretrain", "init")  # the starts besides trajectories (both written by stage pretrain)

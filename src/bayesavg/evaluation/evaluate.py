@@ -2,7 +2,8 @@
 
 The hot path keeps everything on the device: weights are written straight
 into one model by copying (no state-dict copies, channels-last kept), test
-inputs are pre-normalised tensors, and the BMA is accumulated in log space.
+inputs are uint8 images normalised a batch at a time (``data.inputs``), and the
+BMA is accumulated in log space.
 Metrics for s = 1..S samples come from the running average at no extra
 forward passes.
 

@@ -1,6 +1,7 @@
 """Adaptive average pooling that CUDA can differentiate deterministically.
 
-Every CUDA run here uses deterministic kernels (``seeding.deterministic_kernels``), and
+A CUDA run with ``deterministic: true`` (the default) uses deterministic kernels
+(``seeding.deterministic_kernels``), and
 ``adaptive_avg_pool2d``'s CUDA backward has none: it scatters with atomics, so torch
 raises "adaptive_avg_pool2d_backward_cuda does not have a deterministic implementation"
 at the first backward of torchvision's VGG (7 x 7 pooling) and AlexNet (6 x 6). Pooling

@@ -17,7 +17,7 @@ SIGMA_KEYS = ("min", "p01", "p10", "p25", "median", "p75", "p90", "p99", "max", 
 
 @dataclass(frozen=True)
 class Predictions:
-    """One predictor's per-point predictions (``predictions/<name>.npz`` of its evaluate stage).
+    """One predictor's per-point predictions (``predictions/<trajectory>/<name>.npz``).
 
     ``log_probs``: the BMA's log-probabilities on the clean test split (n x C),
     ``y`` its labels: what paired bootstraps between predictors resample.
@@ -26,7 +26,7 @@ class Predictions:
     ``shift_y`` (the same subset for every shift and predictor).
     ``ood_scores`` maps ``"test"`` (the in-distribution reference) and each OOD
     set to its per-point scores by name (``msp``, ``entropy``, ``mutual_info``;
-    higher = more OOD, so ``msp`` holds the negated maximum probability).
+    higher = more OOD, so ``msp`` holds 1 - the maximum probability).
     """
 
     y: np.ndarray
@@ -79,7 +79,7 @@ class PredictorResult:
 
 @dataclass(frozen=True)
 class PlaneData:
-    """One trajectory's loss plane, as the plane stage writes it (see ``bayesavg.analyses.plane``).
+    """One trajectory's loss plane, as stage landscape writes it (``bayesavg.analyses.plane``).
 
     ``grid`` rows: a, b, loss, accuracy. ``path`` rows: kind (snapshot,
     average, start), index, a, b, distance, loss, accuracy. ``summary``:
@@ -94,7 +94,7 @@ class PlaneData:
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One run of the DSWAG worker sweep (stage ``dswag_sweep@<W>``, see
+    """One run of the DSWAG worker sweep (W clients, a run of stage ``dswag_sweep``, see
     ``bayesavg.analyses.sweep``).
 
     ``metrics`` maps fedavg, dswa and dswag to their test accuracy, nll, ece
@@ -122,7 +122,7 @@ class SweepPoint:
 
 @dataclass(frozen=True)
 class LineData:
-    """A line between two posteriors' centres (stage ``line@<name>``,
+    """A line between two posteriors' centres (probe ``line@<name>`` of stage ``landscape``,
     ``bayesavg.analyses.landscape``).
 
     ``a``/``b``: the trajectories; ``a_centre``/``b_centre``: which centre of each
@@ -140,7 +140,8 @@ class LineData:
 
 @dataclass(frozen=True)
 class RayData:
-    """Random rays from one trajectory's centre (stage ``rays@<trajectory>``).
+    """Random rays from one trajectory's centre (probe ``rays@<trajectory>`` of stage
+    ``landscape``).
 
     ``rows``: direction, distance, train_loss, weight_decay_term, train_error,
     test_error, test_nll. ``widths``: per direction, the distance at which the
@@ -158,7 +159,8 @@ class RayData:
 
 @dataclass(frozen=True)
 class SwagDirections:
-    """A SWAG-kind posterior's own directions (stage ``swag_directions@<trajectory>``).
+    """A SWAG-kind posterior's own directions (probe ``swag_directions@<trajectory>`` of stage
+    ``landscape``).
 
     ``directions`` rows: direction (0-based, by decreasing variance), sigma (the
     standard deviation along it), offset (in multiples of sigma), distance,

@@ -21,7 +21,7 @@ class SigmaCurve(NamedTuple):
 
 def sigma_curve_of(rows: list[dict[str, float]]) -> SigmaCurve | None:
     """Mean and min-max accuracy per multiple m over the draws of sigma-distance rows
-    (the sweep's and the landscape stages' share the format); None without rows."""
+    (the sweep's and stage landscape's share the format); None without rows."""
     by_m: dict[float, list[float]] = {}
     for r in rows:
         by_m.setdefault(float(r["multiple"]), []).append(float(r["accuracy"]))

@@ -13,7 +13,7 @@ computed, and rank 0 takes them in client order (``in_client_order``).
 Rank 0 holds one result at a time, every other rank the one it is
 computing: memory per rank stays O(d) whatever the number of clients.
 Every rank sets its intra-op thread count (``numerics.threads``) before any
-work: unset, 1 thread per rank for 2 or more ranks, so N ranks never run more
+work: unset, 1 thread per rank (``DEFAULT_THREADS``), so N ranks never run more
 threads than one process would. CPU kernels can round differently with
 another thread count, so N ranks give the bytes of one process run with the
 ranks' thread count (``BAYESAVG_THREADS=1``).

@@ -19,7 +19,7 @@ On the CPU the graph-ready step runs as is: the same bytes as the plain loop
 picks its kernels, the optimizer makes its state: these are real training
 steps), then it is captured and every later full batch replays it. An epoch's
 last, shorter batch runs the graph-ready step without a graph. What cannot be
-captured is refused in params (``unsupported``): SAM's replayed RNG state, SGLD's
+captured runs uncaptured, with a warning (``unsupported``): SAM's replayed RNG state, SGLD's
 noise scaled by a float rate, fp16's loss scaler (it reads inf checks on the
 host), and data parallelism's all-reduce between backward and step.
 """

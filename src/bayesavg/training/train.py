@@ -7,11 +7,12 @@ loop. Everything that makes a run fast at scale lives here and in
 split stays on the device as uint8 (or streams there from a memory-mapped
 file, ``batches.StreamedData``) and is augmented per batch (``augment``),
 forward and loss run under autocast (``precision``), conv nets train
-channels-last, and under torchrun each rank takes a deterministic share of
-every global batch (``batches.shard``) and gradients are averaged across
-ranks before the optimizer steps (``steps.StepContext``). Metrics are accumulated
-on the device and read once per epoch, so there is no host sync per
-iteration. Learning rates are plain functions of the iteration (``schedules``).
+channels-last (unless ``channels_last: false``), and under torchrun each rank
+takes a deterministic share of every global batch (``batches.shard``) and
+gradients are averaged across ranks before the optimizer steps
+(``steps.StepContext``). Metrics are accumulated on the device and read once
+per epoch, so there is no host sync per iteration. Learning rates are plain
+functions of the iteration (``schedules``).
 """
 
 from __future__ import annotations

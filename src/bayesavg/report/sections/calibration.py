@@ -1,4 +1,5 @@
-"""Calibration: accuracy - confidence per confidence bin, one panel per family; then
+"""Calibration: accuracy - confidence per confidence bin, one panel per family, and the
+classic accuracy-vs-confidence bars of the main predictors (ALGORITHMS §7); then
 calibration done right (ALGORITHMS §11): equal-width, adaptive and classwise ECE, each
 predictor's metrics at its own temperature fitted on validation, the ranking by
 calibrated NLL, which comparisons with the baseline survive calibration, and the
@@ -74,6 +75,57 @@ CAPTION = (
     "ECE in the legend. Above 0 under-confident, below 0 over-confident. The baseline is "
     "grey and dotted in every panel; a flat-seeking (F-) variant is dashed in the colour of "
     "its reference."
+)
+
+
+def classic_reliability(inputs: ReportInputs) -> Figure | None:
+    """The classic reliability diagram (Guo et al. 2017) of the main predictors, a panel
+    each: per non-empty bin a bar of its accuracy over the bin's width and, from it to the
+    bin's mean confidence, the gap; the diagonal is perfect calibration. None without bins."""
+    chosen = [
+        (p, bins)
+        for p in style.main_predictors(inputs)
+        if (bins := [r for r in p.reliability if r.get("count", 0) > 0 and "lower" in r])
+    ]
+    if not chosen:
+        return None
+    cols = min(5, len(chosen))
+    rows = math.ceil(len(chosen) / cols)
+    fig, axes = style.grid(rows, cols, 2.6 * cols, 2.6)
+    for ax, (p, bins) in zip(axes.ravel(), chosen, strict=False):
+        left = [r["lower"] for r in bins]
+        width = [r["upper"] - r["lower"] for r in bins]
+        acc = [r["accuracy"] for r in bins]
+        gap = [r["confidence"] - r["accuracy"] for r in bins]
+        ax.bar(left, acc, width, align="edge", color="tab:blue", edgecolor="k", lw=0.4)
+        ax.bar(
+            left,
+            gap,
+            width,
+            bottom=acc,
+            align="edge",
+            facecolor="none",  # hatched only: where it overlaps the blue bar, both show
+            edgecolor="tab:red",
+            hatch="///",
+            lw=0.6,
+        )
+        ax.plot([0, 1], [0, 1], color="0.3", ls="--", lw=0.8)
+        ece = p.metric("ece")
+        title = p.name + (f"  ECE {ece:.3f}" if math.isfinite(ece) else "")
+        ax.set(xlim=(0, 1), ylim=(0, 1), title=title, xlabel="confidence", ylabel="accuracy")
+        ax.set_aspect("equal")
+    for ax in axes.ravel()[len(chosen) :]:
+        ax.set_axis_off()
+    return fig
+
+
+CLASSIC_CAPTION = (
+    "Reliability diagrams of the baseline and the main predictors (the classic style): "
+    "per confidence bin with test points (20 equal-width bins), a blue bar of the bin's "
+    "accuracy and, hatched red, the gap from it to the bin's mean confidence: above the "
+    "blue bar over-confident in that bin, inside it under-confident. The dashed diagonal "
+    "is perfect calibration; the title gives each predictor's ECE. A bin of a few points "
+    "swings widely (the counts: plots/reliability/<trajectory>/<predictor>.csv)."
 )
 
 
@@ -230,6 +282,11 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     claim = calibration_claim(inputs, unc)
     return Section(
         figure_section("reliability", style.png_or_none(reliability_layout(inputs)), CAPTION)
+        + figure_section(
+            "reliability_classic",
+            style.png_or_none(classic_reliability(inputs)),
+            CLASSIC_CAPTION,
+        )
         + calibration_blocks(inputs, unc),
         [claim] if claim is not None else [],
     )

@@ -19,6 +19,7 @@ from bayesavg.evaluation.evaluate import centre_sharpness, evaluate, method_of
 from bayesavg.evaluation.sharpness import sam_sharpness
 from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posteriors.file import PosteriorFile, load_theta
+from bayesavg.posteriors.hwa import HWA
 from bayesavg.predictors.sampling import centres
 from bayesavg.runtime.errors import UserError
 from bayesavg.seeding import derive_seed
@@ -327,3 +328,33 @@ def test_sgld_params_are_checked() -> None:
         _params({"s": {k: v for k, v in sgld.items() if k != "collect"}}, {})
     with pytest.raises(UserError, match=r"method: sgld needs SGLD samples \(an sgld trajectory\)"):
         _params({"s": dict(SGD)}, {"p": {"trajectory": "s", "method": "sgld"}})
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_hwa_averages_passively_unless_reset(mnist5k_prepared: Any, reset: bool) -> None:
+    """ALGORITHMS §4: the HWA trajectory is not reset to its average (passive, like SWA);
+    ``reset_to_average`` restarts it from (mu_bar, sqrt(v_bar)) at every snapshot."""
+    prepared = mnist5k_prepared.prepared
+    steps = math.ceil(len(prepared.train) / 128)  # one cycle an epoch: snapshots at 1 and 2
+    vi = {"vi": {"sigma_init": 0.03, "prior_sigma": 1.0, "optimizer": "adam"}}
+    base = {**SGD, "momentum": 0.0, "weight_decay": 0.0, **vi}
+    hwa = {
+        **base,
+        "kind": "hwa",
+        "start": "vi",
+        "epochs": 2,
+        "schedule": {"kind": "cyclic", "lr": 0.001, "lr_end": 0.0001, "cycle_length": steps},
+        "collect": {"start_epoch": 0, "every": 0, "max_rank": 5},
+        "reset_to_average": reset,
+    }
+    params = _params({"vi": {**base, "kind": "vi"}, "hwa": hwa}, {})
+    start = pretrain(params, prepared, CPU).posterior
+    post = finetune(params, "vi", prepared, start, CPU).posterior
+    post = finetune(params, "hwa", prepared, post, CPU).posterior
+    found = HWA.from_state_dict(post.hwa)
+    assert found.n_collected == 2
+    at_average = torch.allclose(post.theta, found.mu.mean.float(), rtol=0, atol=1e-6)
+    assert at_average == reset
+    if reset:
+        sigma = torch.nn.functional.softplus(post.rho.double())
+        torch.testing.assert_close(sigma**2, found.var.mean.double(), rtol=1e-4, atol=1e-12)

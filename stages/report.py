@@ -5,7 +5,15 @@ import json
 import re
 from pathlib import Path
 
-from _common import MANIFEST, RUNS, main, params, predictor_files, raw_params, tracked
+from _common import (
+    MANIFEST,
+    main,
+    params,
+    predictor_files,
+    raw_params,
+    reused_runs,
+    tracked,
+)
 
 from bayesavg.config import Params
 from bayesavg.report import (
@@ -223,12 +231,10 @@ def run() -> None:
     ]
     histories = {"pretrain": _csv(Path("plots/pretrain.csv"))}
     histories.update({t: _csv(Path("plots/finetune") / f"{t}.csv") for t in p.finetune})
-    # This workspace's runs (not DVC outputs): for MLflow's links, never for the report.
-    run_ids = {
-        f.stem: json.loads(f.read_text())["run_id"]
-        for f in sorted(RUNS.glob("*.json"))
-        if f.stem not in ("validate", "report")
-    }
+    # The run behind each stage's outputs (not DVC outputs): for MLflow's links and the
+    # registry, never for the report. In a temporary or queued experiment's workspace only
+    # the stages it ran have their run files; the reused ones are the project's.
+    run_ids = {name: rid for name, rid in reused_runs("report").items() if name != "validate"}
     manifest = json.loads(MANIFEST.read_text())
     inputs = ReportInputs(
         title=p.report.title,

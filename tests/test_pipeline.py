@@ -202,6 +202,16 @@ def repo(tmp_path_factory: pytest.TempPathFactory, traces: Path) -> Path:
     return repo
 
 
+def _candidates(repo: Path) -> set[str]:
+    """The predictors the last report weighed for the registry's champion (its registered
+    model's description lists every candidate)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}")
+    found = client.get_registered_model("bayesavg-mnist5k").description
+    return {line.split(":")[0] for line in found.splitlines()[1:]}
+
+
 def _runs(repo: Path) -> list[Any]:
     from mlflow.tracking import MlflowClient
 
@@ -606,8 +616,11 @@ def test_python_without_the_project_fails_in_one_line(repo: Path, tmp_path: Path
 
 @SLOW
 def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
-    """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store."""
+    """`dvc exp run --temp` runs in .dvc/tmp/exps; its runs must land in the repo's store,
+    and its report weighs every predictor for the champion, the reused ones too."""
     before = {r.info.run_id for r in _runs(repo)}
+    candidates = _candidates(repo)
+    assert len(candidates) > len(SWAG_RUNS)
     change = "evaluate.predictors.swag.swag.scale=0.25"
     sh(repo, str(BIN / "dvc"), "exp", "run", "--temp", "-n", "narrower", "-S", change)
     everything = _runs(repo)
@@ -626,6 +639,7 @@ def test_temp_experiment_tracks_into_repo_store(repo: Path) -> None:
     assert summary["reused"]["finetune@swag"] == first["finetune@swag"]
     assert set(summary["reused"]) == RUNS - SWAG_RUNS
     assert not list((repo / ".dvc" / "tmp").rglob("mlflow.db"))
+    assert _candidates(repo) == candidates
 
 
 @pytest.mark.slow  # over a minute on 2 cores (two experiments, each every seed's predictions)

@@ -234,6 +234,7 @@ def _predictor(p: Params, name: str, found: Inputs, world: World, device: torch.
         "predictor": {"trajectory": pred.trajectory, **pred.model_dump()},
         "evaluate": e.model_dump(exclude={"predictors"}),
         "scale": pred.effective_scale(),
+        "sampling_seed": derive_seed(p.seed, "evaluate", name),  # `bayesavg evaluate --seed`
     }
     posterior_file = posterior_path(pred.trajectory)
     files = predictor_files(pred.trajectory, name)

@@ -508,8 +508,10 @@ def test_bn_update_fraction_is_the_pipelines_subset(
     bn_swag_posterior: Path, mnist5k_prepared: PreparedDir, tmp_path: Path
 ) -> None:
     """--bn-update-fraction recomputes BatchNorm on the same images the evaluate stage
-    uses for that fraction (bn_subset of the training split with the data seed)."""
+    uses for that fraction (bn_subset of the training split with the data seed); without
+    --seed the samples are the stage's for its predictor swag."""
     from bayesavg.evaluation.evaluate import bn_subset, evaluate
+    from bayesavg.seeding import derive_seed
 
     prepared = mnist5k_prepared.prepared
     posterior = load_posterior(bn_swag_posterior)
@@ -526,8 +528,9 @@ def test_bn_update_fraction_is_the_pipelines_subset(
         {"test": (posterior.model_input(prepared.test.x, "cpu"), prepared.test.y)},
         n_samples=3,
         bn_x=posterior.model_input(part.x, "cpu"),
-        seed=0,
+        seed=derive_seed(posterior.data["seed"], "evaluate", "swag"),
     )["test"].metrics
+    assert outs["0.25"]["seed"] == derive_seed(posterior.data["seed"], "evaluate", "swag")
     assert outs["0.25"]["nll"] == direct["nll"]
     assert outs["0.25"]["nll"] != outs["1.0"]["nll"]
 
@@ -583,7 +586,11 @@ def test_shift_and_ood_in_one_pass_match_separate_evaluations(
     post = load_posterior(tiny_posteriors.swag)
     test = mnist5k_prepared.prepared.test
     x = post.model_input(test.x, "cpu")
-    kw = {"n_samples": 4, "seed": 0, "device": "cpu"}
+    kw = {
+        "n_samples": 4,
+        "seed": derive_seed(post.data["seed"], "evaluate", "swag"),
+        "device": "cpu",
+    }
     shifted = parse("rotate_30").apply(test.x, derive_seed(0, "shift"))
     alone = evaluate(post, "swag", {"test": (post.model_input(shifted, "cpu"), test.y)}, **kw)
     for key, value in got["shift"]["rotate_30"].items():

@@ -151,7 +151,7 @@ def test_a_given_temperature_tempers_the_predictive(
     assert {k: got[k] for k in direct["test"].metrics} == direct["test"].metrics
 
     plain = _run_ok(args, out)
-    assert set(plain) == {*direct["test"].metrics, "predictor", "data"}
+    assert set(plain) == {*direct["test"].metrics, "predictor", "data", "seed"}
     one = _run_ok([*args, "--temperature", "1"], out)
     assert one.pop("temperature") == 1.0
     assert one.keys() == plain.keys()

@@ -62,7 +62,15 @@ def _parser() -> argparse.ArgumentParser:
         help="mnist5k, mnist, fashion_mnist, cifar10, cifar100 (test split) or imagefolder:<DIR>",
     )
     ev.add_argument("--samples", type=int, default=30, help="number of weight samples S")
-    ev.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ev.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed (default: the evaluate stage's for the pipeline's predictor named "
+        "like --predictor, so its samples and probabilities are the stage's and the served "
+        "model's; for another predictor of the method, e.g. dswag: the param sampling_seed "
+        "of its MLflow run evaluate@<name>)",
+    )
     ev.add_argument(
         "--scale",
         type=float,
@@ -177,7 +185,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     from .evaluation.evaluate import bn_inputs, evaluate
     from .posteriors.file import load_posterior
     from .runtime.io import write_csv, write_json
-    from .seeding import resolve_device
+    from .seeding import derive_seed, resolve_device
 
     if args.predictor not in REGISTRY:
         raise UserError(
@@ -196,6 +204,9 @@ def _evaluate(args: argparse.Namespace) -> None:
     device = resolve_device(args.device, args.deterministic)
     posterior = load_posterior(args.posterior)
     d = posterior.data
+    seed = (
+        args.seed if args.seed is not None else derive_seed(d["seed"], "evaluate", args.predictor)
+    )
     split_args = (args.raw_dir, posterior.input_shape)
     fractions = (d["seed"], d["test_fraction"], d["val_fraction"], d.get("resize_size"))
     test = _labelled(args.data, "test", posterior, args.raw_dir, fractions)
@@ -245,7 +256,7 @@ def _evaluate(args: argparse.Namespace) -> None:
             scale=args.scale,
             bn_x=bn_x,
             batch_size=args.batch_size,
-            seed=args.seed,
+            seed=seed,
             device=device,
             ood=scored,
             temperature=t,
@@ -266,7 +277,12 @@ def _evaluate(args: argparse.Namespace) -> None:
         log.info("temperature %r fitted on %s (%d images)", temperature, args.val, len(val))
     results = run(splits, ood, temperature)
     result = results["test"]
-    out: dict[str, object] = {**result.metrics, "predictor": args.predictor, "data": args.data}
+    out: dict[str, object] = {
+        **result.metrics,
+        "predictor": args.predictor,
+        "data": args.data,
+        "seed": seed,
+    }
     if temperature is not None:
         out["temperature"] = temperature
         if val is not None:

@@ -149,7 +149,7 @@ ui-install: install
 		|| { $(PIP) -e '.[ui]' -c $(CONSTRAINTS) && { $(COMPILE) || true; }; }
 
 ui: ui-install
-	@echo "Runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
+	@python scripts/ui_url.py --port 5000
 	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
 		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
 

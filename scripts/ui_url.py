@@ -1,0 +1,47 @@
+"""The MLflow UI's address of this project's experiment, for ``make ui`` to print.
+
+The experiment is ``tracking.experiment`` of params.yaml; its id is read from the store
+(``mlflow.db``) with sqlite3 alone, without importing mlflow, so the address shows at
+once. Without a store or that experiment yet, the address of the experiments list.
+
+    python scripts/ui_url.py [--port 5000]
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+VIEW = "?workflowType=machine_learning"  # MLflow 3's model-training view (README)
+
+
+def experiment_id(store: Path, name: str) -> str | None:
+    """The id of experiment ``name`` in the SQLite store, or None."""
+    if not store.is_file():
+        return None
+    try:
+        with sqlite3.connect(f"{store.as_uri()}?mode=ro", uri=True) as db:
+            row = db.execute("SELECT experiment_id FROM experiments WHERE name = ?", (name,))
+            found = row.fetchone()
+    except sqlite3.Error:
+        return None
+    return str(found[0]) if found else None
+
+
+def url(root: Path, port: int) -> str:
+    params = yaml.safe_load((root / "params.yaml").read_text()) or {}
+    name = (params.get("tracking") or {}).get("experiment", "bayesavg")
+    found = experiment_id(root / "mlflow.db", name)
+    base = f"http://127.0.0.1:{port}/#/experiments"
+    if found is None:
+        return f"{base}{VIEW}  (no experiment {name!r} in mlflow.db yet: `make run` first)"
+    return f"{base}/{found}/runs{VIEW}"
+
+
+if __name__ == "__main__":
+    port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 5000
+    print(f"Runs: {url(ROOT, port)}")

@@ -31,7 +31,8 @@ missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
 if missing:
     sys.stderr.write(
         f"error: {sys.executable} cannot import {', '.join(missing)}: run the pipeline in the "
-        "project's environment: `make run`, or `source .venv/bin/activate` then `dvc repro`\n"
+        "project's environment: `make run`, or `source .venv/bin/activate` then `dvc repro` "
+        "(`dvc checkout` puts back the outputs DVC removed before this stage)\n"
     )
     sys.exit(2)
 

@@ -272,7 +272,7 @@ def calibration_blocks(inputs: ReportInputs, unc: Uncertainty) -> list[Block]:
             "better than the whole ensemble."
         )
     return [
-        Heading(3, "Calibration done right"),
+        Heading(2, "Calibration done right"),
         Paragraph(text),
         TableBlock(calibrated_table(inputs, unc)),
     ]

@@ -100,6 +100,28 @@ def test_the_official_arrays_serve_exactly_the_shifted_test_images(tmp_path: Pat
     assert none(Shift("c_fog", 2)) is None and served == []
 
 
+@pytest.mark.parametrize("damage", ["truncated", "pickled", "float"])
+def test_a_damaged_official_array_is_one_line_naming_it(tmp_path: Path, damage: str) -> None:
+    """An interrupted unpack or another array in CIFAR-10-C/ is a UserError naming the file
+    and the archive to unpack again, not numpy's traceback."""
+    n, seed = 12, 3
+    raw, fog, labels = _official(tmp_path, n)
+    path = raw / "CIFAR-10-C" / "fog.npy"
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:5000])
+    elif damage == "pickled":
+        np.save(path, np.array([{"not": "images"}], dtype=object), allow_pickle=True)
+    else:
+        np.save(path, fog.astype(np.float32))
+    test = Split(_images(n), torch.from_numpy(labels[:n]))
+    images, _ = official_cifar_c(raw, "cifar10", seed, test, torch.arange(4))
+    with pytest.raises(UserError) as err:
+        images(Shift("c_fog", 2))
+    line = str(err.value)
+    assert "\n" not in line and "fog.npy or labels.npy is unreadable" in line
+    assert "zenodo" in line and "there again" in line
+
+
 def _with_cifar_c(p: PredictorResult, offset: float) -> None:
     shift = {"rotate_90": {"accuracy": 0.5, "nll": 2.0, "ece": 0.1, "brier": 0.6, "entropy": 1}}
     for name in ("fog", "snow"):

@@ -214,6 +214,46 @@ def test_load_source_offline_says_what_was_tried_and_where_to_put_it(
     assert "mnist5k" in message
 
 
+def _idx(array: np.ndarray) -> bytes:
+    """``array`` (uint8) in MNIST's idx format."""
+    dims = np.array(array.shape, dtype=">u4").tobytes()
+    return bytes([0, 0, 0x08, array.ndim]) + dims + array.tobytes()
+
+
+def test_an_unpacked_file_cut_short_is_unpacked_again_from_its_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision checks MNIST's .gz archives, not the idx files it unpacked from them:
+    an unpack cut short would fail on every run. It is unpacked again from the archive."""
+    import gzip
+
+    import torchvision.datasets
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "raw" / "MNIST" / "raw"
+    folder.mkdir(parents=True)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (6, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, 6, dtype=np.uint8),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (4, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, 4, dtype=np.uint8),
+    }
+    resources = []
+    for name, array in arrays.items():
+        packed = gzip.compress(_idx(array), mtime=0)
+        (folder / f"{name}.gz").write_bytes(packed)
+        (folder / name).write_bytes(_idx(array))
+        resources.append((f"{name}.gz", hashlib.md5(packed).hexdigest()))
+    monkeypatch.setattr(torchvision.datasets.MNIST, "resources", resources)
+    monkeypatch.setattr(urllib.request, "urlopen", None)  # no download may be tried
+    cut = folder / "train-images-idx3-ubyte"
+    cut.write_bytes(cut.read_bytes()[:2000])
+    source = load_source("mnist", tmp_path / "raw")
+    assert torch.equal(source.train.x[:, 0], torch.from_numpy(arrays["train-images-idx3-ubyte"]))
+    assert torch.equal(source.test.y, torch.from_numpy(arrays["t10k-labels-idx1-ubyte"]).long())
+    assert cut.stat().st_size == len(_idx(arrays["train-images-idx3-ubyte"]))
+
+
 def test_load_source_unknown_dataset() -> None:
     with pytest.raises(UserError, match="unknown dataset"):
         load_source("not-a-dataset", "raw")

@@ -10,6 +10,7 @@ train/val/test files, in memory or memory-mapped, is ``prepared``'s job.
 from __future__ import annotations
 
 import gzip
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from PIL import Image, UnidentifiedImageError
 
 from ..runtime.errors import UserError
 from ..runtime.io import sha256_file
+
+log = logging.getLogger(__name__)
 
 MNIST5K_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
 
@@ -108,7 +111,37 @@ def _download_hint(cls: type, raw_dir: Path) -> str:
     else:
         urls = [cls.url]
         where = raw_dir
-    return f"tried {', '.join(urls)}; place those files in {where}/ by hand"
+    return f"get {', '.join(urls)} and place them in {where}/ by hand"
+
+
+# idx's type byte -> bytes per value (ubyte, byte, short, int, float, double)
+_IDX_ITEM = {0x08: 1, 0x09: 1, 0x0B: 2, 0x0C: 4, 0x0D: 4, 0x0E: 8}
+
+
+def _idx_complete(path: Path) -> bool:
+    """Whether an idx file (MNIST's format) holds as many bytes as its header says."""
+    with path.open("rb") as f:
+        head = f.read(4)
+        if len(head) < 4 or head[:2] != b"\0\0" or head[2] not in _IDX_ITEM:
+            return False
+        dims = np.frombuffer(f.read(4 * head[3]), dtype=">u4")
+    if len(dims) != head[3]:
+        return False
+    expected = 4 + 4 * head[3] + int(np.prod(dims, dtype=np.int64)) * _IDX_ITEM[head[2]]
+    return path.stat().st_size == expected
+
+
+def _drop_cut_idx(cls: type, raw_dir: Path) -> None:
+    """torchvision's MNIST family takes its unpacked idx files as they are (only the
+    downloaded .gz is checked against its md5): one an interrupted unpack cut short failed
+    to load on every run, with the good archive beside it. Such a file is deleted here,
+    and torchvision unpacks it again from its checked archive (or downloads that)."""
+    folder = raw_dir / cls.__name__ / "raw"
+    for archive, _ in getattr(cls, "resources", []):
+        path = folder / Path(archive).stem
+        if path.is_file() and not _idx_complete(path):
+            log.warning("%s is incomplete (an interrupted unpack?): unpacking it again", path)
+            path.unlink()
 
 
 def _torchvision_split(dataset: Any) -> Split:
@@ -123,13 +156,16 @@ def _torchvision_split(dataset: Any) -> Split:
 
 def _torchvision(name: str, raw_dir: Path) -> Source:
     cls, num_classes = torchvision_dataset(name)
+    _drop_cut_idx(cls, raw_dir)
     splits = []
     for train in (True, False):
         try:
             which = {"split": "train" if train else "test"} if name == "svhn" else {"train": train}
             ds = cls(str(raw_dir), **which, download=True)
         except (RuntimeError, OSError) as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            # torchvision's reason may span lines ("Error downloading X:" then the cause)
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            reason = " ".join(lines)[:300] if lines else type(err).__name__
             raise UserError(
                 f"could not download {name} ({reason}); {_download_hint(cls, raw_dir)}, "
                 "or use dataset: mnist5k, which needs no network"

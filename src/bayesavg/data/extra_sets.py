@@ -70,7 +70,14 @@ def official_cifar_c(
     def images(s: Shift) -> torch.Tensor | None:
         if s.cifar_c is None:
             return None
-        found = cifar_c.official(Path(raw_dir), dataset, s.cifar_c, int(s.parameter))
+        try:
+            found = cifar_c.official(Path(raw_dir), dataset, s.cifar_c, int(s.parameter))
+        except (OSError, ValueError) as err:  # a truncated unpack, another array
+            a = cifar_c.OFFICIAL[dataset]
+            raise UserError(
+                f"{Path(raw_dir) / a.folder}/{s.cifar_c}.npy or labels.npy is unreadable "
+                f"({err}); unpack {a.url} (MD5 {a.md5}) there again"
+            ) from None
         if found is None:
             return None
         x, y = found

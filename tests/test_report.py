@@ -750,6 +750,20 @@ def test_figures_are_small_multiples_with_legends_on_the_canvas() -> None:
         assert _legends_inside(fig)
 
 
+def test_a_family_of_single_networks_has_no_samples_row() -> None:
+    """map_ts alone in its family: a row of flat lines says nothing about samples; its
+    calibration still has a reliability panel."""
+    inputs = _family_inputs()
+    m = {"accuracy": 0.97, "nll": 0.12, "ece": 0.02, "ece15": 0.02, "brier": 0.04}
+    single = _predictor("map_ts", 0.0, m, 1, "map", "sgd")
+    inputs = dataclasses.replace(inputs, predictors=[*inputs.predictors, single])
+    assert list(style.families(inputs))[-1] == "Other"
+    rows = [ax.get_title() for ax in samples_layout(inputs).axes if ax.axison]
+    assert len(rows) == 3 * 3 and not any(t.startswith("Other") for t in rows)
+    panels = [ax.get_title() for ax in reliability_layout(inputs).axes if ax.axison]
+    assert panels[-1] == "Other"
+
+
 def test_classic_reliability_bars_are_accuracy_and_the_gap_to_confidence(
     predicted: ReportInputs,
 ) -> None:

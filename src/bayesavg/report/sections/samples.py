@@ -17,11 +17,16 @@ _SAMPLE_PANELS = (("nll", "NLL", 1.0), ("accuracy", "accuracy (%)", 100.0), ("ec
 
 
 def samples_layout(inputs: ReportInputs) -> Figure | None:
-    """NLL, accuracy and ECE of the model average by sample count: one row per family,
-    the baseline in every row, the row's legend right of it. None without rows."""
-    if not any(p.by_samples for p in inputs.predictors):
+    """NLL, accuracy and ECE of the model average by sample count: one row per family
+    that averages (a row of single networks, such as map_ts alone, would be flat lines
+    only), the baseline in every row, the row's legend right of it. None without rows."""
+    families = [
+        (t, ms)
+        for t, ms in style.family_members(inputs)
+        if any(len(p.by_samples) > 1 for p in ms if p.name != inputs.baseline)
+    ]
+    if not families:
         return None
-    families = [(t, ms) for t, ms in style.family_members(inputs) if any(p.by_samples for p in ms)]
     colours = style.colours(inputs)
     fig, axes = style.grid(len(families), len(_SAMPLE_PANELS), 13.0, 2.4)
     for row, (title, members) in zip(axes, families, strict=True):
@@ -48,7 +53,7 @@ CAPTION = (
     "Test NLL, accuracy and ECE of the Bayesian model average against the number of "
     "samples averaged, one row per family; the baseline (grey, dotted) in every row, "
     "F-variants dashed in their reference's colour. A single-sample predictor is a "
-    "horizontal line."
+    "horizontal line; a family of single networks only (temperature-scaled MAP) has no row."
 )
 
 

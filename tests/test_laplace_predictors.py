@@ -16,6 +16,7 @@ from bayesavg.posteriors.file import PosteriorFile, load_posterior, load_theta, 
 from bayesavg.posteriors.last_layer_laplace import LastLayerLaplace
 from bayesavg.runtime.errors import UserError
 from bayesavg.trajectories import finetune, laplace_fit, pretrain
+from bayesavg.trajectories.common import RunResult
 from bayesavg.trajectories.laplace_fit import fit_laplace
 
 LAPLACE = {"kind": "laplace", "start": "sgd", "batch_size": 512}
@@ -26,13 +27,31 @@ PREDICTORS = {
 
 
 @pytest.fixture(scope="module")
-def fitted(mnist5k_prepared: Any) -> tuple[PosteriorFile, PosteriorFile]:
-    """The sgd trajectory and the Laplace approximation at its final weights."""
+def fitted_run(mnist5k_prepared: Any) -> tuple[PosteriorFile, RunResult]:
+    """The sgd trajectory and the laplace trajectory's run at its final weights."""
     prepared = mnist5k_prepared.prepared
     params = _params({"sgd": dict(SGD), "la": dict(LAPLACE)}, PREDICTORS)
     start = finetune(params, "sgd", prepared, pretrain(params, prepared, CPU).posterior, CPU)
     assert start is not None
-    return start.posterior, fit_laplace(params, "la", prepared, start.posterior, CPU).posterior
+    return start.posterior, fit_laplace(params, "la", prepared, start.posterior, CPU)
+
+
+@pytest.fixture(scope="module")
+def fitted(fitted_run: tuple[PosteriorFile, RunResult]) -> tuple[PosteriorFile, PosteriorFile]:
+    """The sgd trajectory and the Laplace approximation at its final weights."""
+    return fitted_run[0], fitted_run[1].posterior
+
+
+def test_the_history_row_is_the_probit_predictives_validation_metrics(
+    fitted_run: tuple[PosteriorFile, RunResult], mnist5k_prepared: Any
+) -> None:
+    """The row a laplace run plots (dvc plots, the report) is what evaluate reports."""
+    run = fitted_run[1]
+    (row,) = run.history
+    got = evaluate(run.posterior, "laplace", _split(run.posterior, mnist5k_prepared.prepared))
+    assert row["epoch"] == 0.0 and row["prior_precision"] > 0
+    assert row["val_loss"] == pytest.approx(got["val"].metrics["nll"], rel=1e-6)
+    assert row["val_accuracy"] == pytest.approx(got["val"].metrics["accuracy"], rel=1e-12)
 
 
 def test_the_file_keeps_the_weights_and_round_trips(

@@ -19,6 +19,7 @@ from ..data.inputs import Input
 from ..models import has_dropout
 from ..posteriors import HWA, SWAG
 from ..posteriors.file import PosteriorFile
+from ..posteriors.laplace_predictive import probit_log_probs
 from ..posteriors.last_layer_laplace import LastLayerLaplace
 from ..runtime.errors import UserError
 from ..training import ieee
@@ -231,17 +232,8 @@ def _laplace_probit(posterior: PosteriorFile, req: Request) -> Draws:
     la, name, _ = _laplace(posterior, req.device)
     network = _own(posterior, req.device)
 
-    @torch.inference_mode()
     def predict(model: nn.Module, x: Input, batch_size: int) -> torch.Tensor:
-        layer = model.get_submodule(name)
-        found: list[torch.Tensor] = []
-        hook = layer.register_forward_hook(lambda m, inp, out: found.append(inp[0].float()))
-        try:
-            for i in range(0, x.shape[0], batch_size):
-                model(x[i : i + batch_size])
-        finally:
-            hook.remove()
-        return la.log_probs(torch.cat(found), "probit")
+        return probit_log_probs(la, model, name, x, batch_size)
 
     return Draws(lambda s: network, 1, predict=predict)
 

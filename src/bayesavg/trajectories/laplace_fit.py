@@ -15,9 +15,16 @@ from ..config import LaplaceTrajectory, Params
 from ..data.prepared import Prepared
 from ..models import head_name
 from ..posteriors.file import PosteriorFile
-from ..posteriors.last_layer_laplace import LazyBatches, fit_last_layer, last_layer_name
+from ..posteriors.laplace_predictive import probit_log_probs
+from ..posteriors.last_layer_laplace import (
+    LastLayerLaplace,
+    LazyBatches,
+    fit_last_layer,
+    last_layer_name,
+)
 from ..runtime.errors import UserError
 from ..seeding import derive_seed, seed_everything
+from ..training.batches import Tensors
 from .common import RunResult, posterior_fields, start_model, trajectory_kwargs
 
 
@@ -47,7 +54,8 @@ def fit_laplace(
     params: Params, name: str, prepared: Prepared, start: PosteriorFile, device: torch.device
 ) -> RunResult:
     """The start's network with its last-layer Laplace posterior; the history is one row:
-    the prior precision and the log marginal likelihood's parts laplace-torch found."""
+    the predictive's validation NLL and accuracy, and the prior precision laplace-torch
+    found."""
     traj = params.finetune[name]
     if not isinstance(traj, LaplaceTrajectory):
         raise TypeError(f"finetune.{name}: kind {traj.kind} is not a Laplace approximation")
@@ -69,5 +77,17 @@ def fit_laplace(
         laplace=state,
         **fields,
     )
-    row = {"epoch": 0.0, "prior_precision": float(state["prior_precision"].reshape(-1)[0])}
+    val = Tensors(start.inputs(prepared.val.x, device), prepared.val.y.to(device))
+    row = {"epoch": 0.0, **_validation(model, state, val)}
+    row["prior_precision"] = float(state["prior_precision"].reshape(-1)[0])
     return RunResult(posterior, [row])
+
+
+def _validation(model: nn.Module, state: dict, val: Tensors) -> dict[str, float]:
+    """The probit predictive's validation NLL and accuracy, as the evaluate stage computes
+    them, so the run has the ``val_loss`` every trajectory's curve is plotted by."""
+    la = LastLayerLaplace.from_state_dict(state, val.y.device)
+    log_probs = probit_log_probs(la, model, state["layer"], val.x, 1000)
+    nll = -log_probs.gather(1, val.y[:, None]).mean()
+    accuracy = (log_probs.argmax(1) == val.y).double().mean()
+    return {"val_loss": nll.item(), "val_accuracy": accuracy.item()}

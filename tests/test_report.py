@@ -799,6 +799,31 @@ def test_training_keeps_an_elbo_off_the_cross_entropy_axis() -> None:
         assert (min(values) > 40) == (ax in elbo), ax.get_title()
 
 
+def test_a_run_that_trains_nothing_is_a_named_point_where_its_start_ends() -> None:
+    """laplace's history is one validation row: drawn after its start (swag, which ran
+    after pretraining), named in the legend, on the row's one epoch axis."""
+    inputs = _family_inputs()
+    m = {"accuracy": 0.97, "nll": 0.12, "ece": 0.02, "ece15": 0.02, "brier": 0.04}
+    finetune = {**inputs.params["finetune"], "la": {"kind": "laplace", "start": "swag"}}
+    inputs = dataclasses.replace(
+        inputs,
+        predictors=[*inputs.predictors, _predictor("la", 0.5, m, 4, "laplace", "la")],
+        params={"finetune": finetune},
+        histories={
+            **inputs.histories,
+            "la": [{"epoch": 0.0, "val_loss": 0.1, "val_accuracy": 0.9}],
+        },
+    )
+    fig = training_layout(inputs)
+    row = [ax for ax in fig.axes if ax.get_title().startswith("Laplace: ")]
+    assert len(row) == 3
+    ((x, y),) = [line.get_xydata()[0] for line in row[1].lines if line.get_marker() == "o"]
+    assert (x, y) == (3 + 2, 0.1)  # pretraining's 3 epochs, swag's 2
+    labels = [t.get_text() for t in row[2].get_legend().get_texts()]
+    assert labels == ["pretrain", "la (no training)"]
+    assert len({ax.get_xlim() for ax in row}) == 1 and row[0].get_xlim()[1] > 5
+
+
 def test_html_wraps_long_text_and_scrolls_wide_tables(written: dict[str, Path]) -> None:
     page = written["html"].read_text(encoding="utf-8")
     assert "white-space:pre-wrap" in page and "img{max-width:100%" in page

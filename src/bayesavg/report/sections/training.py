@@ -52,7 +52,9 @@ def _plot_run(
     axes: Any, history: list[dict[str, float]], shift: float, colour: Any, name: str, loss: bool
 ) -> None:
     """Train loss, validation NLL, and train (solid) and validation (dashed) accuracy; the
-    train loss only when ``loss`` (it is on the row's scale)."""
+    train loss only when ``loss`` (it is on the row's scale). A run that trains nothing
+    (laplace) has validation points only: drawn large and named in the legend."""
+    trained = any("train_accuracy" in r for r in history)
     series = [
         (axes[0], "train_loss", "-"),
         (axes[1], "val_loss", "-"),
@@ -65,8 +67,10 @@ def _plot_run(
         rows = [r for r in history if column in r]
         if rows:
             xs = [shift + r["epoch"] for r in rows]
-            label = name if ax is axes[2] and ls == "-" else None
-            ax.plot(xs, [r[column] for r in rows], ls, color=colour, marker=".", ms=3, label=label)
+            named = ax is axes[2] and (ls == "-" or not trained)
+            label = (name if trained else f"{name} (no training)") if named else None
+            marker = dict(marker=".", ms=3) if trained else dict(marker="o", ms=5)
+            ax.plot(xs, [r[column] for r in rows], ls, color=colour, label=label, **marker)
 
 
 def _log_if_wide(ax: Any) -> str:
@@ -106,6 +110,9 @@ def training_layout(inputs: ReportInputs) -> Figure | None:
             ax.grid(alpha=0.3)
             if pretrain and names:
                 ax.axvline(max(r["epoch"] for r in pretrain) + 0.5, color="k", ls=":", lw=1)
+        lo, hi = min(ax.get_xlim()[0] for ax in row), max(ax.get_xlim()[1] for ax in row)
+        for ax in row:  # one epoch axis per row, whichever panel a run has points in
+            ax.set_xlim(lo, hi)
         style.row_legend(row[-1], title="accuracy: solid train,\ndashed validation")
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
@@ -190,7 +197,9 @@ CAPTIONS = {
         "validation NLL and the accuracy (solid train, dashed validation), each on its own "
         "axis. VI and HWA minimise a per-point negative ELBO, on a different scale from the "
         "cross-entropy of the other runs, so they get rows of their own (without pretraining's "
-        "training loss). A run that starts from another continues after it."
+        "training loss). A run that starts from another continues after it; one that "
+        "trains nothing (laplace, fitted at its start's weights) is a single point there: "
+        "its predictive's validation NLL and accuracy."
     ),
     "finetune_curves": (
         "VI-family fine-tuning, in epochs since the end of pretraining; a trajectory that "

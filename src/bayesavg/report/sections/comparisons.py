@@ -36,10 +36,13 @@ COMPARISONS_NOTE = (
     "One line per predictor. A difference counts only where its 95% paired bootstrap "
     "interval (the same test points resampled for both predictors) excludes 0: "
     "'improves X by d (95% CI lo-hi)' gives the gain, 'within noise (d, 95% CI lo to hi)' "
-    "the difference and its interval, which holds 0. ECE's difference intervals are "
-    "bias-corrected as its own (binned ECE's bootstrap bias differs between two "
-    "predictors). Accuracy differences are in percentage points, with McNemar's exact p "
-    "(only the images exactly one of the two gets right count)."
+    "the difference and its interval, which holds 0. Every difference gets the percentile "
+    "interval, ECE's too (ALGORITHMS §10): binned ECE's bootstrap sits higher for the "
+    "better calibrated of two predictors, so an ECE improvement's interval leans towards "
+    "0 (conservative) and may even leave its point outside. Accuracy differences are in "
+    "percentage points, with McNemar's exact p (only the images exactly one of the two "
+    "gets right count). Each interval is one comparison's, not corrected for how many "
+    "there are (the headline gives the Holm-corrected counts)."
 )
 
 

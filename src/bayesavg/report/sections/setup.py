@@ -22,6 +22,19 @@ def _kl_weight(params: dict[str, Any], trajectory: str) -> float:
     return float(vi.get("kl_weight", 1.0)) if isinstance(vi, dict) else 1.0
 
 
+def intervals_line(unc: Uncertainty) -> str:
+    """Which intervals the report gives, as ALGORITHMS §10 asks the setup line to say."""
+    s = unc.settings
+    return (
+        f" Intervals: {100 * s.level:g}% bootstrap over the test points ({s.resamples} "
+        f"resamples, seed {s.seed}); percentile intervals, except a predictor's own ECE, "
+        "whose percentile interval is shifted by the resamples' median bias (a "
+        "bias-corrected interval: binned ECE's bootstrap sits above its point). Differences "
+        "between two predictors are paired (the same resamples for both), percentile, and "
+        "decided one comparison at a time; the headline also counts them Holm-corrected."
+    )
+
+
 def summary(inputs: ReportInputs) -> str:
     """One paragraph: what data, which predictors, against what baseline."""
     info = dict(inputs.dataset_summary)
@@ -63,4 +76,4 @@ def summary(inputs: ReportInputs) -> str:
 
 
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
-    return Section([Heading(2, "Setup"), Paragraph(summary(inputs))])
+    return Section([Heading(2, "Setup"), Paragraph(summary(inputs) + intervals_line(unc))])

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -27,7 +28,7 @@ from bayesavg.report import (
 )
 from bayesavg.report.blocks import Cell, Heading, Preformatted, Section, Table, TableBlock
 from bayesavg.report.claims import Claim, claim_text
-from bayesavg.report.intervals import Interval
+from bayesavg.report.intervals import Interval, holm, paired_bootstrap
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import landscape, ood, sharpness, shift
 from bayesavg.report.sections.calibration import classic_reliability, reliability_layout
@@ -205,6 +206,22 @@ def test_user_strings_are_escaped_in_html(inputs: ReportInputs, written: dict[st
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; kept 0.5." in page
     assert "Test &lt;report&gt;" in page
     assert inputs.notes in written["md"].read_text(encoding="utf-8")
+
+
+def test_tuning_notes_are_said_to_be_hand_written_not_this_runs_numbers(
+    inputs: ReportInputs, written: dict[str, Path]
+) -> None:
+    from bayesavg.report.sections import appendix
+    from bayesavg.report.sections.appendix import TUNING_NOTE
+
+    md = written["md"].read_text(encoding="utf-8")
+    tuning = md.split("## Tuning")[1].split("## Parameters")[0]
+    assert tuning.index(TUNING_NOTE) < tuning.index(inputs.notes)
+    bare = to_markdown(
+        appendix.build(dataclasses.replace(inputs, notes=""), compute(inputs)).blocks
+    )
+    assert "No tuning notes were given (params.yaml: report.notes)." in bare
+    assert TUNING_NOTE not in bare
 
 
 def test_writing_twice_is_byte_identical(inputs: ReportInputs, written: dict[str, Path]) -> None:
@@ -845,7 +862,56 @@ def test_best_table_names_the_best_and_counts_beyond_noise(predicted: ReportInpu
             if p.name != predicted.baseline
         ]
         better, worse = verdicts.count("better"), verdicts.count("worse")
-        assert rows[label][3].text == f"{better} / {worse} of {len(verdicts)}"
+        assert rows[label][4].text == f"{better} / {worse} of {len(verdicts)}"
+        s = unc.settings
+        a, y = _point_tensors(predicted, best)
+        tied = [
+            paired_bootstrap(key, a, _point_tensors(predicted, n)[0], y, s.resamples, s.seed)
+            for n in values
+            if n != best
+        ]
+        n_tied = sum(i.low <= 0 <= i.high for i in tied)
+        assert rows[label][3].text == f"{n_tied} of {len(values) - 1}"
+        held = rows[label][5].text.split(" of ")[0].split(" / ")
+        assert int(held[0]) <= better and int(held[1]) <= worse
+
+
+def _point_tensors(inputs: ReportInputs, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    (p,) = [p for p in inputs.predictors if p.name == name]
+    assert p.predictions is not None
+    return torch.as_tensor(p.predictions.log_probs), torch.as_tensor(p.predictions.y)
+
+
+def test_the_setup_line_says_which_intervals_the_report_gives(predicted: ReportInputs) -> None:
+    """ALGORITHMS §10: the bias-corrected interval (ECE's own) is named in the setup line,
+    with the resamples and seed every interval rests on."""
+    from bayesavg.report.sections import setup
+
+    unc = compute(predicted)
+    (_, paragraph) = setup.build(predicted, unc).blocks
+    s = unc.settings
+    assert f"({s.resamples} resamples, seed {s.seed})" in paragraph.text
+    assert "own ECE, whose percentile interval is shifted by the resamples' median" in (
+        paragraph.text
+    )
+    assert "Differences between two predictors are paired" in paragraph.text
+
+
+def test_holm_rejects_as_the_step_down_rule_says() -> None:
+    """Against the rule written out: sorted p_(k) <= alpha / (m - k + 1) for all k up to
+    the one rejected, and nothing after the first that is not."""
+    assert holm([0.001, 0.04, 0.03, 0.5], 0.05) == [True, False, False, False]
+    assert holm([0.01, 0.02, 0.012], 0.05) == [True, True, True]
+    assert holm([0.2, 0.001], 0.05) == [False, True]
+    assert holm([], 0.05) == []
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        ps = torch.rand(6, generator=g).pow(3).tolist()
+        order = sorted(range(6), key=lambda i: ps[i])
+        k = 0
+        while k < 6 and ps[order[k]] < 0.05 / (6 - k):
+            k += 1
+        assert holm(ps, 0.05) == [i in order[:k] for i in range(6)]
 
 
 def test_the_calibration_table_gives_the_15_bin_ece_beside_the_20_bin() -> None:

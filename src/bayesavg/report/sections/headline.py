@@ -21,7 +21,7 @@ from ..blocks import (
 from ..claims import DSWAG_PAPER, Claim, claim_text
 from ..formats import LABELS, interval_text, with_interval
 from ..inputs import PredictorResult, ReportInputs
-from ..intervals import LOWER_IS_BETTER
+from ..intervals import LOWER_IS_BETTER, holm
 from ..uncertainty import Uncertainty
 
 
@@ -67,11 +67,19 @@ def ranking_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
 
 
 def best_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
-    """Per metric: the best predictor with its interval, and how many predictors differ
-    from the baseline beyond noise (paired interval excluding 0), better and worse, of
-    those with per-point predictions."""
+    """Per metric: the best predictor with its interval, how many others are within noise
+    of it (a paired interval holding 0), and how many predictors differ from the baseline
+    beyond noise, better and worse, of those with per-point predictions: per comparison,
+    and after Holm's correction for the number of comparisons."""
     base = inputs.baseline
-    header = ["Metric", "Best predictor", "Its value [95% CI]", f"Better / worse than {base}"]
+    header = [
+        "Metric",
+        "Best predictor",
+        "Its value [95% CI]",
+        "Tied with the best",
+        f"Better / worse than {base}",
+        "The same, Holm-corrected",
+    ]
     rows = []
     for key, label in LABELS.items():
         found = [p for p in inputs.predictors if math.isfinite(p.metric(key))]
@@ -80,15 +88,33 @@ def best_table(inputs: ReportInputs, unc: Uncertainty) -> Table:
         pick = min if LOWER_IS_BETTER[key] else max
         best = pick(found, key=lambda p: p.metric(key))
         value = with_interval(key, best.metric(key), unc.estimate(best.name, key))
-        comps = [c for p in found if p.name != base and (c := unc.comparison(base, p.name))]
-        verdicts = [c.intervals[key].verdict() for c in comps]
-        counts = (
-            f"{verdicts.count('better')} / {verdicts.count('worse')} of {len(comps)}"
-            if comps
-            else "n/a: no per-point predictions"
-        )
-        rows.append([Cell(label), Cell(best.name), Cell(value), Cell(counts)])
+        rows.append([Cell(label), Cell(best.name), Cell(value), Cell(_tied(best, found, key, unc))])
+        rows[-1] += [Cell(text) for text in _against_baseline(base, found, key, unc)]
     return Table(header, rows)
+
+
+def _tied(best: PredictorResult, found: list[PredictorResult], key: str, unc: Uncertainty) -> str:
+    """'k of n': the others whose paired interval against the best holds 0."""
+    paired = [i for p in found if p.name != best.name and (i := unc.paired(best.name, p.name, key))]
+    if not paired:
+        return "n/a: no per-point predictions"
+    return f"{sum(i.verdict() == 'within noise' for i in paired)} of {len(paired)}"
+
+
+def _against_baseline(
+    base: str, found: list[PredictorResult], key: str, unc: Uncertainty
+) -> tuple[str, str]:
+    """'better / worse of n' against the baseline, per comparison and Holm-corrected."""
+    comps = [
+        c.intervals[key] for p in found if p.name != base and (c := unc.comparison(base, p.name))
+    ]
+    if not comps:
+        return "n/a: no per-point predictions", "n/a"
+    kept = holm([i.p_value for i in comps], 1 - unc.settings.level)
+    verdicts = [i.verdict() for i in comps]
+    held = [v for v, k in zip(verdicts, kept, strict=True) if k]
+    each, corrected = (f"{v.count('better')} / {v.count('worse')}" for v in (verdicts, held))
+    return f"{each} of {len(comps)}", f"{corrected} of {len(comps)}"
 
 
 CLAIMS_NOTE = (
@@ -138,9 +164,13 @@ def build(inputs: ReportInputs, unc: Uncertainty, found: list[Claim]) -> Section
     blocks = [
         Heading(2, "Headline"),
         Paragraph(
-            "The best value of each test metric, and how many predictors are better or worse "
-            f"than the baseline {inputs.baseline} beyond noise (their paired "
-            f"{100 * s.level:g}% interval excludes 0); the rest are within noise."
+            "The best value of each test metric, how many other predictors are within noise "
+            "of it, and how many predictors are better or worse than the baseline "
+            f"{inputs.baseline} beyond noise (their paired {100 * s.level:g}% interval "
+            "excludes 0); the rest are within noise. Each interval is one comparison's: of "
+            "many comparisons at 95%, about one in twenty can exclude 0 by chance, so the "
+            "last column keeps only those that survive Holm's correction for the number "
+            f"of comparisons (family-wise error {100 * (1 - s.level):g}%, bootstrap p-values)."
         ),
         TableBlock(best_table(inputs, unc)),
         Paragraph(note),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import yaml
 
 from ..blocks import (
+    Block,
     Cell,
     Heading,
     Paragraph,
@@ -16,6 +17,19 @@ from ..blocks import (
 from ..inputs import ReportInputs
 from ..uncertainty import Uncertainty
 
+TUNING_NOTE = (
+    "How the settings were chosen, as written in params.yaml (report.notes) when they were: "
+    "its numbers come from the tuning runs of that time, not from this run, whose "
+    "validation metrics are in the metrics files (val) and its MLflow runs."
+)
+
+
+def _notes(notes: str) -> list[Block]:
+    """The hand-written tuning notes, said to be such, or that there are none."""
+    if not notes:
+        return [Paragraph("No tuning notes were given (params.yaml: report.notes).")]
+    return [Paragraph(TUNING_NOTE), Preformatted(notes, "text")]
+
 
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     """Tuning notes, the parameters and where the MLflow runs are: how to reproduce the run."""
@@ -26,7 +40,7 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
     return Section(
         [
             Heading(2, "Tuning"),
-            Preformatted(inputs.notes or "No tuning notes were given.", "text"),
+            *_notes(inputs.notes),
             Heading(2, "Parameters"),
             Preformatted(yaml.safe_dump(inputs.params, sort_keys=False), "yaml"),
             Heading(2, "MLflow runs"),

@@ -28,6 +28,7 @@ from bayesavg.evaluation.metrics import accuracy, brier, ece, nll
 from bayesavg.report import Predictions, PredictorResult, ReportInputs, SweepPoint, write_report
 from bayesavg.report.claims import DSWAG_PAPER as PAPER
 from bayesavg.report.claims import Claim, claim_text
+from bayesavg.report.intervals import resample_counts
 from bayesavg.report.sections.calibration import reliability_layout
 from bayesavg.report.sections.distributed import SIGN_NOTE, claims, overview
 from bayesavg.report.sections.distributed.figures import (
@@ -552,6 +553,30 @@ def test_more_confident_is_decided_by_its_paired_interval(
     assert by_values is not None
     assert by_values.holds is (d.reliability[0]["confidence"] > b.reliability[0]["confidence"])
     assert "decided by the values" in by_values.evidence
+
+
+@pytest.mark.parametrize("sharper", [0.5, 1.0, 2.0])
+def test_a_confidence_gap_has_a_side_only_beyond_its_interval(sharper: float) -> None:
+    """accuracy - confidence with the percentile interval of its resampled means (brute
+    force below); over- or under-confident only where that interval excludes 0."""
+    from bayesavg.report.sections.distributed.measures import confidence_gap, confidence_text
+
+    d, _, unc = _confident_pair(sharper)
+    assert d.predictions is not None
+    lp, y = torch.as_tensor(d.predictions.log_probs), torch.as_tensor(d.predictions.y)
+    gaps = (lp.argmax(1) == y).double() - lp.exp().max(1).values
+    brute = []
+    for row in resample_counts(len(y), 500, 1):
+        idx = torch.repeat_interleave(torch.arange(len(y)), row.long())
+        brute.append(float(gaps[idx].mean()))
+    low, high = np.quantile(brute, [0.025, 0.975])
+    point, got_low, got_high = confidence_gap(d, unc) or (math.nan,) * 3
+    assert point == pytest.approx(float(gaps.mean()), abs=1e-12)
+    assert (got_low, got_high) == pytest.approx((low, high), abs=1e-12)
+    side = "under-confident" if low > 0 else "over-confident" if high < 0 else "within noise"
+    assert f"({side}" in confidence_text(d, unc)
+    bare = dataclasses.replace(d, predictions=None)
+    assert confidence_text(bare, unc).endswith("on average; no interval)")
 
 
 def test_the_overview_gives_the_main_runs_clients_and_rounds() -> None:

@@ -155,7 +155,7 @@ def _claim_confident(d: PredictorResult, b: PredictorResult, unc: Uncertainty) -
     if conf[0] is None or conf[1] is None:
         return None
     number = f"mean confidence {pct(conf[0][0])} vs {pct(conf[1][0])}"
-    evidence = f"{confidence_text(d)}; {confidence_text(b)}"
+    evidence = f"{confidence_text(d, unc)}; {confidence_text(b, unc)}"
     iv = unc.paired(b.name, d.name, "confidence")
     holds: bool | None = conf[0][0] > conf[1][0]
     if iv is None:

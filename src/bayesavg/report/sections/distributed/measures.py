@@ -8,11 +8,16 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+import torch
+
 from ...blocks import Cell, Table
-from ...formats import pct
+from ...formats import interval_text, pct
 from ...inputs import PredictorResult, ReportInputs, SweepPoint, trajectory_params
+from ...intervals import resample_counts
 from ...sigma_curves import FLAT_TOLERANCE, SigmaCurve, flat_range, sigma_curve_of
 from ...stats import accuracy_interval
+from ...uncertainty import Uncertainty
 
 COLLAPSE_DROP = 0.10
 
@@ -274,17 +279,37 @@ def mean_confidence(p: PredictorResult) -> tuple[float, float] | None:
     return conf, acc
 
 
-def confidence_text(p: PredictorResult) -> str:
+def confidence_gap(p: PredictorResult, unc: Uncertainty) -> tuple[float, float, float] | None:
+    """Accuracy - confidence, the mean over the test points, with its percentile bootstrap
+    interval on the report's resamples; None without per-point predictions."""
+    if p.predictions is None:
+        return None
+    lp = torch.as_tensor(np.asarray(p.predictions.log_probs, dtype=np.float64))
+    y = torch.as_tensor(np.asarray(p.predictions.y, dtype=np.int64))
+    per_point = (lp.argmax(1) == y).double() - lp.exp().max(1).values
+    s = unc.settings
+    resampled = resample_counts(len(y), s.resamples, s.seed) @ per_point / len(y)
+    tail = (1 - s.level) / 2
+    low, high = torch.quantile(resampled, torch.tensor([tail, 1 - tail], dtype=torch.float64))
+    return float(per_point.mean()), float(low), float(high)
+
+
+def confidence_text(p: PredictorResult, unc: Uncertainty) -> str:
+    """Mean confidence and the accuracy - confidence gap; a side (over-, under-confident)
+    only where the gap's interval excludes 0."""
     found = mean_confidence(p)
     if found is None:
         return f"{p.name}: no reliability bins"
     conf, acc = found
-    gap = acc - conf
-    side = "under-confident" if gap > 0 else "over-confident" if gap < 0 else "calibrated"
-    return (
-        f"{p.name} mean confidence {pct(conf)}, accuracy - confidence {100 * gap:+.2f} pp "
-        f"({side} on average)"
-    )
+    text = f"{p.name} mean confidence {pct(conf)}, accuracy - confidence"
+    gap = confidence_gap(p, unc)
+    if gap is None:
+        side = "under-confident" if acc > conf else "over-confident" if acc < conf else "even"
+        return f"{text} {100 * (acc - conf):+.2f} pp ({side} on average; no interval)"
+    point, low, high = gap
+    side = "under-confident" if low > 0 else "over-confident" if high < 0 else "within noise of 0"
+    shown = interval_text(100 * point, 100 * low, 100 * high, 2)
+    return f"{text} {shown} pp ({side} on average)"
 
 
 def accuracy_lower(point: SweepPoint, ours: str, theirs: str, n: int) -> float:

@@ -1,5 +1,5 @@
 """Small statistics the sections decide claims with: rank correlation and its permutation
-test, the AUROC's standard error, an unpaired interval for two accuracies.
+test, an unpaired interval for two accuracies.
 
 Written here rather than taken from scipy, which the library does not depend on: the
 exact permutation test enumerates small samples and seeds a fixed draw for larger ones, so
@@ -86,15 +86,6 @@ def _pearson_rows(x: np.ndarray, ys: np.ndarray) -> np.ndarray:
     denom = np.sqrt((xc**2).sum() * (yc**2).sum(axis=1))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denom > 0, (xc * yc).sum(axis=1) / denom, np.nan)
-
-
-def auroc_se(auroc: float, n_in: int, n_ood: int) -> float:
-    """Hanley & McNeil's (1982) standard error of an AUROC from n_in and n_ood points."""
-    q1, q2 = auroc / (2 - auroc), 2 * auroc**2 / (1 + auroc)
-    var = (auroc * (1 - auroc) + (n_ood - 1) * (q1 - auroc**2) + (n_in - 1) * (q2 - auroc**2)) / (
-        n_in * n_ood
-    )
-    return math.sqrt(max(var, 0.0))
 
 
 def accuracy_interval(ours: float, theirs: float, n: int) -> tuple[float, float]:

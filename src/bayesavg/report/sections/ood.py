@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .. import style
+from ..auroc_intervals import AurocInterval, paired_aurocs
 from ..blocks import (
     Block,
     Cell,
@@ -24,8 +25,7 @@ from ..blocks import (
 from ..claims import BMA_PAPER, Claim
 from ..formats import fmt_or_dash
 from ..inputs import PredictorResult, ReportInputs, is_bayesian, is_closed_form
-from ..stats import auroc_se
-from ..uncertainty import Uncertainty
+from ..uncertainty import Uncertainty, per_inputs, settings
 
 OOD_SCORES = (
     ("msp", "1 - max p"),
@@ -80,14 +80,34 @@ def ood_counts(p: PredictorResult, ood_set: str) -> tuple[int, int] | None:
     return len(test), len(ood)
 
 
-def auroc_margin(base: PredictorResult, p: PredictorResult, ood_set: str) -> float | None:
-    """Two standard errors of the AUROC difference (unpaired, hence conservative); None
-    when the point counts are unknown."""
-    counts = ood_counts(p, ood_set) or ood_counts(base, ood_set)
-    if counts is None:
-        return None
-    a, b = ood_value(base, ood_set, "entropy", "auroc"), ood_value(p, ood_set, "entropy", "auroc")
-    return 2 * math.hypot(auroc_se(a, *counts), auroc_se(b, *counts))
+def entropy_points(p: PredictorResult, ood_set: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The predictor's per-point H[p̄] on the test split and on the OOD set, when written."""
+    scores = p.predictions.ood_scores if p.predictions is not None else {}
+    test = scores.get("test", {}).get("entropy")
+    ood = scores.get(ood_set, {}).get("entropy")
+    return None if test is None or ood is None else (test, ood)
+
+
+@per_inputs
+def auroc_vs_baseline(inputs: ReportInputs) -> dict[str, AurocInterval]:
+    """Each predictor's AUROC of H[p̄] against the baseline's on the first OOD set: a
+    paired, stratified bootstrap over the test and OOD points (ALGORITHMS §10), the
+    baseline's resamples drawn once for all. Only predictors scored on the baseline's
+    points are compared; computed once per inputs (the headline and the section ask)."""
+    ood_set, base = _first_ood_set(inputs), style.baseline(inputs)
+    ref = entropy_points(base, ood_set) if base is not None and ood_set is not None else None
+    if ref is None or ood_set is None:
+        return {}
+    sizes = (len(ref[0]), len(ref[1]))
+    candidates = {
+        p.name: found
+        for p in inputs.predictors
+        if p is not base
+        and (found := entropy_points(p, ood_set)) is not None
+        and (len(found[0]), len(found[1])) == sizes
+    }
+    s = settings(inputs.params)
+    return paired_aurocs(ref, candidates, s.resamples, s.seed, s.level)
 
 
 def _first_ood_set(inputs: ReportInputs) -> str | None:
@@ -156,25 +176,43 @@ def _ood_claim(inputs: ReportInputs) -> Claim:
             BMA_PAPER, statement, None, "No OOD metrics for the baseline.", "n/a (no OOD metrics)"
         )
     ref = ood_value(base, ood_set, "entropy", "auroc")
-    higher, lower, n = [], [], 0
+    intervals = auroc_vs_baseline(inputs)
+    higher, lower, no_interval, n = [], [], [], 0
     for p in inputs.predictors:
         value = ood_value(p, ood_set, "entropy", "auroc")
         if p.name == base.name or not is_bayesian(p) or math.isnan(value):
             continue
         n += 1
-        margin = auroc_margin(base, p, ood_set) or 0.0
-        if value > ref + margin:
+        interval = intervals.get(p.name)
+        if interval is None:
+            no_interval.append(p.name)
+        elif interval.verdict() == "higher":
             higher.append(p.name)
-        elif value < ref - margin:
+        elif interval.verdict() == "lower":
             lower.append(p.name)
     if n == 0:
         why = "No Bayesian predictor has OOD metrics."
         return Claim(BMA_PAPER, statement, None, why, "n/a (no Bayesian OOD metrics)")
+    if len(no_interval) == n:
+        why = (
+            f"On {ood_set}, {base.name}'s AUROC is {ref:.4f}, but no Bayesian predictor has "
+            "per-point scores on the baseline's points, so no interval decides."
+        )
+        return Claim(BMA_PAPER, statement, None, why, f"no interval (of {n}) vs AUROC {ref:.4f}")
     holds = True if len(higher) > n / 2 else (False if len(higher) <= len(lower) else None)
+    level = settings(inputs.params).level
     text = (
         f"On {ood_set}, {base.name}'s AUROC is {ref:.4f}; of {n} Bayesian predictors, "
-        f"{len(higher)} are higher beyond two standard errors (Hanley-McNeil, unpaired) "
-        f"and {len(lower)} lower" + (f" (lower: {', '.join(lower)})" if lower else "") + "."
+        f"{len(higher)} are higher and {len(lower)} lower, by a {level:.0%} paired, stratified "
+        "bootstrap interval of the AUROC difference (the same resamples of the test and of the "
+        "OOD points for both predictors) that excludes 0"
+        + (f" (lower: {', '.join(lower)})" if lower else "")
+        + (
+            f"; no per-point scores, so no interval: {', '.join(no_interval)}"
+            if no_interval
+            else ""
+        )
+        + "."
     )
     number = f"{len(higher)} higher, {len(lower)} lower of {n} vs AUROC {ref:.4f}"
     return Claim(BMA_PAPER, statement, holds, text, number)
@@ -212,7 +250,9 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
             "OOD is the positive class. Scores: 1 - max p̄ (max softmax probability), H[p̄] (entropy "
             "of the BMA prediction) and the mutual information H[p̄] - mean H[p_s] (0 for a single "
             "network, whose AUROC by MI is 0.5 by construction). FPR95: the share of test images "
-            "flagged when 95% of the OOD images are."
+            "flagged when 95% of the OOD images are. The claim below compares each predictor's "
+            "AUROC with the baseline's by a paired, stratified bootstrap over the test and OOD "
+            "points (each resampled on its own, the same resamples for both predictors)."
         )
     )
     for ood_set in sets:

@@ -290,10 +290,12 @@ def _claim(found: list[Claim], text: str) -> Claim:
 
 @pytest.mark.parametrize(
     ("t_min", "holds"),
-    [(0.75, True), (1.0, True), (0.0, False), (-0.25, False), (2.0, None), (3.0, None)],
+    [(0.75, True), (1.0, True), (0.0, False), (-0.25, False), (2.0, True), (3.0, True)],
 )
 def test_line_claim_finds_the_planted_minimum(t_min: float, holds: bool | None) -> None:
-    """A minimum at the grid's last t (2; or beyond it) is no centre: undecided."""
+    """The edge picture is the asymmetry about SGD (steep behind it, gentle towards SWA)
+    with SWA better on test: a minimum towards SWA or beyond it has it, a bowl centred
+    at SGD or behind it does not."""
     line = _quadratic_line(t_min)
     found = min(t_min, 2.0)
     assert landscape_measures.line_minimum(line).t_min == pytest.approx(found)
@@ -304,14 +306,17 @@ def test_line_claim_finds_the_planted_minimum(t_min: float, holds: bool | None) 
 
 def test_widths_claim_compares_the_planted_widths() -> None:
     lands = _landscape()
+    """4 of 4 directions one way is a sign test's p = 1/16: it leans, it does not decide
+    (5 of 5 does: tests/test_report_landscape_claims.py)."""
     wide = _claim(analysis_claims(_inputs(landscape=lands)), "swag centre lies in a wider")
-    assert wide.holds is True
+    assert wide.holds is None
     assert "wider in 4 and narrower in 0 of 4" in wide.evidence
     swapped = dataclasses.replace(
         lands, rays={"sgd": lands.rays["swag"], "swag": lands.rays["sgd"]}
     )
     narrow = _claim(analysis_claims(_inputs(landscape=swapped)), "swag centre lies in a wider")
-    assert narrow.holds is False
+    assert narrow.holds is None
+    assert "wider in 0 and narrower in 4 of 4" in narrow.evidence
 
 
 def test_widths_beyond_the_grid_count_as_its_end() -> None:
@@ -321,7 +326,7 @@ def test_widths_beyond_the_grid_count_as_its_end() -> None:
 
 def test_mixed_directions_leave_the_width_claim_undecided() -> None:
     c = landscape_measures.compare_widths(
-        _ray("sgd", [1.0, 1.0, 5.0]), _ray("swag", [3.0, 0.5, 4.0])
+        _ray("sgd", [1.0, 1.0, 5.0]), _ray("swag", [3.0, 0.5, 4.0]), tolerance=0.0
     )
     assert c is not None and c.mean_wide > c.mean_narrow
     assert (c.wider, c.narrower) == (1, 2)

@@ -21,18 +21,28 @@ from ...blocks import (
 )
 from ...claims import DSWAG_PAPER, FLAT_PAPER, SWA_PAPER, Claim
 from ...formats import fmt_or_dash
-from ...inputs import ReportInputs
+from ...inputs import LineData, ReportInputs
 from ...sigma_curves import FLAT_TOLERANCE, flat_range, sigma_curve_of
 from ...uncertainty import Uncertainty
 from . import figures
 from .measures import (
+    ASYMMETRY,
     PAPER_FLAT_MULTIPLE,
+    SIGN_TEST_P,
+    LineAsymmetry,
+    SharpnessCheck,
+    WidthComparison,
+    centre_sharpness,
     compare_widths,
+    disagreeing,
     edge_verdict,
     flat_verdict,
+    line_asymmetry,
     line_minimum,
+    line_value,
     ray_grid_end,
     ray_widths,
+    sharpness_checks,
 )
 
 DSWAG = DSWAG_PAPER
@@ -44,33 +54,55 @@ NO_LANDSCAPE = "no landscape analysis was run"
 WIDTH = ".2f"
 
 
+def _ratio_text(a: LineAsymmetry) -> str:
+    if math.isnan(a.ratio):
+        return "it does not rise on the far side"
+    if math.isinf(a.ratio):
+        return "it rises on the far side only"
+    return f"ratio {a.ratio:.3g}"
+
+
+def _line_claim(name: str, line: LineData, statement: str) -> Claim:
+    """The SWA paper's picture along one line: steep beyond a, gentle towards b, and a
+    better test metric at b."""
+    label = f"{statement} ({name}: {line.a} → {line.b})"
+    a = line_asymmetry(line)
+    if a is None:
+        why = f"The line {name} has no t = 0 and t = 1 or no t on both sides of t = 0."
+        return Claim(SWA_PAPER, label, None, why, "n/a (no symmetric t)")
+    m = line_minimum(line)
+    where = f" (train loss lowest at t = {m.t_min:g})" if m is not None else ""
+    e0, e1 = line_value(line, "test_error", 0.0), line_value(line, "test_error", 1.0)
+    error = f" (test error {e0:.4g} → {e1:.4g})" if e0 is not None and e1 is not None else ""
+    metric = "test NLL" if a.test_key == "test_nll" else a.test_key
+    t = a.t_far
+    text = (
+        f"From t = 0 ({line.a}) the train loss rises by {a.rise_away[-1]:.4g} at t = {-t:g} "
+        f"(away from {line.b}) and by {a.rise_towards[-1]:.4g} at t = {t:g} (towards it): "
+        f"{_ratio_text(a)}; steeper away at {a.steeper_away} of {len(a.ts)} symmetric |t|"
+        f"{where}. {metric} {a.test_at_0:.4g} at t = 0 → {a.test_at_1:.4g} at t = 1{error}. "
+        f"Rule: holds if the rise at the farthest symmetric |t| away from {line.b} is at least "
+        f"{ASYMMETRY:g} times the rise towards it (and larger at most symmetric |t|) and the "
+        f"{metric} is lower at t = 1; a train-loss minimum at t = 0 is what the paper reports "
+        "(SGD has the better train loss), not a counterexample."
+    )
+    number = (
+        f"rise {a.rise_away[-1]:.3g} at t = {-t:g} vs {a.rise_towards[-1]:.3g} at t = {t:g}; "
+        f"{metric} {a.test_at_0:.3g} → {a.test_at_1:.3g}"
+    )
+    return Claim(SWA_PAPER, label, edge_verdict(a), text, number)
+
+
 def _line_claims(inputs: ReportInputs) -> list[Claim]:
-    statement = "SGD ends at the edge of the basin on the line SGD → SWA, SWA near its centre"
+    statement = (
+        "SGD ends at the edge of the basin on the line SGD → SWA: the train loss rises "
+        "steeply beyond SGD and gently towards SWA, whose test metric is better"
+    )
     lines = inputs.landscape.lines if inputs.landscape is not None else {}
     if not lines:
         why = f"No line was computed: {NO_LANDSCAPE}."
         return [Claim(SWA_PAPER, statement, None, why, "n/a (no landscape)")]
-    out = []
-    for name, line in sorted(lines.items()):
-        m = line_minimum(line)
-        label = f"{statement} ({name}: {line.a} → {line.b})"
-        if m is None:
-            why = f"The line {name} has no t = 0 with a point after it."
-            out.append(Claim(SWA_PAPER, label, None, why, "n/a (no t = 0)"))
-            continue
-        slope = "falls" if m.on_slope else "rises" if m.loss_next > m.loss_at_0 else "does not fall"
-        text = (
-            f"Train loss is lowest at t = {m.t_min:g} ({m.loss_min:.4g}; t = 0 is {line.a}, t = 1 "
-            f"{line.b}); from t = 0 ({m.loss_at_0:.4g}) it {slope} to {m.loss_next:.4g} at "
-            f"t = {m.t_next:g}. Rule: holds if the minimum lies at t > 0.5 and t = 0 is on a "
-            "slope; undecided if the minimum is the grid's last t (the loss still falls beyond b)."
-        )
-        number = (
-            f"loss minimum at t = {m.t_min:g}; {m.loss_at_0:.4g} at t = 0 → "
-            f"{m.loss_next:.4g} at t = {m.t_next:g}"
-        )
-        out.append(Claim(SWA_PAPER, label, edge_verdict(m), text, number))
-    return out
+    return [_line_claim(name, line, statement) for name, line in sorted(lines.items())]
 
 
 WIDTH_PAIRS = (
@@ -78,6 +110,50 @@ WIDTH_PAIRS = (
     (FLAT_PAPER, "swag", "fswag"),
     (FLAT_PAPER, "hwa", "fhwa"),
 )
+
+
+def _sharpness_text(c: WidthComparison, checks: list[SharpnessCheck]) -> str:
+    if not checks:
+        return " No tr(H) or SAM sharpness was measured at both centres."
+    parts = [
+        f"{k.label} {k.wide:.4g} ({c.wide}) vs {k.narrow:.4g} ({c.narrow}): {c.wide} "
+        + {True: "flatter", False: "sharper", None: "equal"}[k.wide_flatter]
+        for k in checks
+    ]
+    return " At the same centres " + "; ".join(parts) + "."
+
+
+def _width_claim(
+    paper: str, statement: str, c: WidthComparison, delta: float, checks: list[SharpnessCheck]
+) -> Claim:
+    """The rays' sign test, overruled to mixed when a sharpness measure says otherwise."""
+    censored = f"; {c.censored} width(s) beyond the grid count as its end" if c.censored else ""
+    rays = c.verdict
+    # The way the rays point: their verdict, else the majority of the untied directions.
+    lean = rays if rays is not None else None if c.wider == c.narrower else c.wider > c.narrower
+    against = disagreeing(lean, checks)
+    p = c.p_wider if c.wider >= c.narrower else c.p_narrower
+    text = (
+        f"Mean width {c.mean_wide:.2f} ({c.wide}) vs {c.mean_narrow:.2f} ({c.narrow}) at delta "
+        f"{delta:g}; {c.wide} is wider in {c.wider} and narrower in {c.narrower} of "
+        f"{c.directions} shared directions, {c.ties} within one grid step ({c.tolerance:g}) "
+        f"and so tied{censored}; one-sided sign test p = {p:.3g} (ties dropped)."
+        f"{_sharpness_text(c, checks)} Rule: holds if wider by at least one grid step in "
+        f"most directions with sign test p < {SIGN_TEST_P:g} (at least 5 directions all one "
+        "way), does not hold if narrower likewise, else undecided; mixed (undecided) when "
+        "tr(H) or the SAM sharpness at the same centres points the other way."
+    )
+    counts = f"wider in {c.wider}, narrower in {c.narrower} of {c.directions} (p {p:.3g})"
+    undecided = f"undecided ({c.directions} directions): {counts}"
+    if not against:
+        return Claim(paper, statement, rays, text, counts if rays is not None else undecided)
+    names = " and ".join(k.label for k in against)
+    way, said = ("sharper", "wider") if lean else ("flatter", "narrower")
+    if rays is None:
+        text += f" The rays lean {said}; by {names} {c.wide} is {way}."
+        return Claim(paper, statement, None, text, f"{undecided}; {names} {way}")
+    text += f" Mixed: the rays say {said}, but by {names} {c.wide} is {way}."
+    return Claim(paper, statement, None, text, f"mixed: {counts}; {names} {way}")
 
 
 def _width_claims(inputs: ReportInputs) -> list[Claim]:
@@ -95,18 +171,11 @@ def _width_claims(inputs: ReportInputs) -> list[Claim]:
             why = "No ray widths were recorded."
             out.append(Claim(paper, statement, None, why, "n/a (no widths)"))
             continue
-        censored = f"; {c.censored} width(s) beyond the grid count as its end" if c.censored else ""
-        text = (
-            f"Mean width {c.mean_wide:.2f} ({wide}) vs {c.mean_narrow:.2f} ({narrow}) at delta "
-            f"{rays[wide].delta:g}; {wide} is wider in {c.wider} and narrower in {c.narrower} of "
-            f"{c.directions} shared directions{censored}. Rule: holds if wider on average and in "
-            "most directions."
+        checks = sharpness_checks(
+            centre_sharpness(inputs.predictors, rays[narrow]),
+            centre_sharpness(inputs.predictors, rays[wide]),
         )
-        number = (
-            f"mean width {c.mean_wide:.2f} vs {c.mean_narrow:.2f}; wider in {c.wider} of "
-            f"{c.directions}"
-        )
-        out.append(Claim(paper, statement, c.verdict, text, number))
+        out.append(_width_claim(paper, statement, c, rays[wide].delta, checks))
     return out
 
 

@@ -428,9 +428,18 @@ def test_flat_calibration_claim_follows_the_planted_sign(
 # ---------------------------------------------------------------- shift and OOD
 
 
+def _with_control(inputs: ReportInputs, boost: float) -> ReportInputs:
+    """The inputs and map_ts: the baseline's method at a fitted temperature, a single
+    network whose confidence on the label rises by ``boost`` (logit) per degree."""
+    pred = _predictions(len(PREDICTORS), boost)
+    metrics = {**_metrics(len(PREDICTORS), pred, 0.8), "temperature": 1.5}
+    control = PredictorResult("map_ts", "map", "sgd", 0.0, metrics, [], [], pred)
+    return dataclasses.replace(inputs, predictors=[*inputs.predictors, control])
+
+
 def test_a_tiny_shift_gap_is_within_noise(inputs: ReportInputs) -> None:
     tiny = _inputs(predictors=_predictors(boost=0.0, tiny=1e-3))
-    gaps = shift_measures.shift_gaps(tiny, tiny.predictors[0])
+    gaps = [g for g in shift_measures.shift_gaps(tiny, tiny.predictors[0]) if g.bayesian]
     assert [g.predictor for g in gaps] == ["swag", "fswag", "ensemble"]
     for g in gaps:
         assert all(iv is not None and iv.verdict() == "within noise" for iv in g.intervals)
@@ -440,20 +449,23 @@ def test_a_tiny_shift_gap_is_within_noise(inputs: ReportInputs) -> None:
     assert claim.holds is None
 
 
-def test_a_growing_shift_gap_holds(inputs: ReportInputs) -> None:
-    gaps = shift_measures.shift_gaps(inputs, inputs.predictors[0])
+def test_a_growing_shift_gap_holds_beyond_a_control_that_does_not_grow(
+    inputs: ReportInputs,
+) -> None:
+    gaps = [g for g in shift_measures.shift_gaps(inputs, inputs.predictors[0]) if g.bayesian]
     for g in gaps:
         assert g.gap[-1] > g.gap[0]
         assert g.growth is not None and g.growth.low > 0
         assert g.intervals[-1] is not None and g.intervals[-1].verdict() == "better"
-    assert _claim(analysis_claims(inputs), "helps most under shift").holds is True
-    shrinking = _inputs(predictors=_predictors(boost=-0.01))
+    flat = _with_control(inputs, 0.0)
+    assert _claim(analysis_claims(flat), "helps most under shift").holds is True
+    shrinking = _with_control(_inputs(predictors=_predictors(boost=-0.01)), 0.0)
     assert _claim(analysis_claims(shrinking), "helps most under shift").holds is False
 
 
 def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
     """Drawn, claimed and tabled from one computation, with the numbers of a fresh one."""
-    fresh, original, calls = _inputs(), shift_measures.shift_gaps, []
+    fresh, original, calls = _with_control(_inputs(), 0.0), shift_measures.shift_gaps, []
 
     def counted(inputs: ReportInputs, base: PredictorResult) -> list[shift_measures.ShiftGap]:
         calls.append(inputs)
@@ -464,14 +476,15 @@ def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyP
     claim = _claim(analysis_claims(fresh), "helps most under shift")
     blocks = analysis_blocks(fresh)
     assert calls == [fresh]
-    gaps = original(fresh, fresh.predictors[0])
-    assert claim.holds is True and f"{shift_measures.large_gap(gaps[0]):+.4f}" in str(blocks)
+    first = next(g for g in original(fresh, fresh.predictors[0]) if g.bayesian)
+    assert claim.holds is True and f"{shift_measures.large_gap(first):+.4f}" in str(blocks)
     tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
     assert any("Growth [95%]" in t.header for t in tables)
 
 
 def test_shift_claim_without_predictions_has_no_interval(inputs: ReportInputs) -> None:
-    bare = [dataclasses.replace(p, predictions=None) for p in inputs.predictors]
+    found = _with_control(inputs, 0.0).predictors
+    bare = [dataclasses.replace(p, predictions=None) for p in found]
     claim = _claim(analysis_claims(_inputs(predictors=bare)), "helps most under shift")
     assert claim.holds is None and "no interval" in claim.evidence
 

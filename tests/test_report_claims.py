@@ -262,15 +262,19 @@ def test_dswag_numbers_are_the_evidences_differences() -> None:
     assert found["(a) "].number == "rounds to target: W=1 > 6, W=4 3, W=8 2"
 
 
-def test_shift_number_is_the_growth_in_the_gap_table() -> None:
-    inputs = test_report_analyses._inputs()
+def test_shift_number_counts_the_growths_beyond_the_controls() -> None:
+    inputs = test_report_analyses._with_control(test_report_analyses._inputs(), 0.0)
     (claim,) = shift.claims(inputs)
     gaps = shift._shift_gaps(inputs)
-    best = min(gaps, key=lambda g: (-shift_measures.large_gap(g), g.predictor))
-    g = best.growth
-    assert g is not None and claim.holds is True
-    assert claim.number == f"gap growth {interval_text(g.value, g.low, g.high)} ({best.predictor})"
-    assert f"{signed(g.value)} [95% {signed(g.low)}, {signed(g.high)}]" in claim.evidence
+    (control,) = [g for g in gaps if g.predictor == "map_ts"]
+    bayes = [g for g in gaps if g.bayesian]
+    verdicts = [shift_measures.control_verdict(g, control) for g in bayes]
+    g = control.growth
+    assert g is not None and claim.holds is True and verdicts == [True] * len(bayes)
+    growth = interval_text(g.value, g.low, g.high)
+    n = len(bayes)
+    assert claim.number == f"{n} beyond, 0 below of {n} vs map_ts's growth {growth}"
+    assert f"map_ts by {growth}" in claim.evidence
 
 
 def test_sharpness_number_is_the_weakest_correlation_when_it_holds() -> None:

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from ... import style
 from ...inputs import PredictorResult, ReportInputs
-from .measures import ShiftGap, angles, shift_value
+from .measures import ShiftGap, angles, shift_value, temperature_control
 
 # (shift metric, axis label, factor)
 SHIFT_PANELS = (
@@ -57,12 +57,26 @@ def shift_figure(inputs: ReportInputs) -> Figure | None:
     return fig
 
 
+def _errors(g: ShiftGap) -> list[list[float]] | None:
+    """Matplotlib's (below, above) error lengths of the gap's intervals, if it has them."""
+    bounds = g.bounds()
+    if bounds is None:
+        return None
+    return [
+        [v - lo for v, lo in zip(g.gap, bounds[0], strict=True)],
+        [hi - v for v, hi in zip(g.gap, bounds[1], strict=True)],
+    ]
+
+
 def shift_gap_figure(inputs: ReportInputs, gaps: list[ShiftGap]) -> Figure | None:
     """NLL(baseline) - NLL(predictor) against angle with 95% paired-bootstrap bars, a panel
-    per family."""
+    per family, the temperature-scaled baseline (the control) in every panel."""
     if not gaps:
         return None
-    by_name = {g.predictor: g for g in gaps}
+    base = style.baseline(inputs)
+    found = temperature_control(inputs, base) if base is not None else None
+    control = next((g for g in gaps if found is not None and g.predictor == found.name), None)
+    by_name = {g.predictor: g for g in gaps if g is not control}
     groups = {
         t: [by_name[p.name] for p in ps if p.name in by_name]
         for t, ps in style.families(inputs).items()
@@ -75,17 +89,29 @@ def shift_gap_figure(inputs: ReportInputs, gaps: list[ShiftGap]) -> Figure | Non
     fig = Figure(layout="constrained")
     axes = style.series_axes(fig, rows, cols, width=4.2, height=2.8).ravel()
     for ax, (title, gs) in zip(axes, groups.items(), strict=False):
+        if control is not None:
+            ax.errorbar(
+                control.angles,
+                control.gap,
+                yerr=_errors(control),
+                marker="s",
+                ms=3,
+                capsize=2,
+                color=style.BASELINE_COLOUR,
+                linestyle="--",
+                label=f"{control.predictor} (control)",
+            )
         for g in gs:
             kw = style.line_style(predictors[g.predictor], inputs, colours)
-            bounds = g.bounds()
-            yerr = None
-            if bounds is not None:
-                yerr = [
-                    [v - lo for v, lo in zip(g.gap, bounds[0], strict=True)],
-                    [hi - v for v, hi in zip(g.gap, bounds[1], strict=True)],
-                ]
             ax.errorbar(
-                g.angles, g.gap, yerr=yerr, marker="o", ms=3, capsize=2, label=g.predictor, **kw
+                g.angles,
+                g.gap,
+                yerr=_errors(g),
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=g.predictor,
+                **kw,
             )
         ax.axhline(0.0, color="k", linewidth=0.8)
         ax.set_title(title, fontsize="medium")

@@ -1,5 +1,9 @@
 """Dataset shift's numbers: the predictors' metrics per rotation and corruption, and the
-NLL gap to the baseline per angle with its paired bootstrap; pure over the report inputs."""
+NLL gap to the baseline per angle with its paired bootstrap; pure over the report inputs.
+
+The baseline's NLL explodes under rotation, so any predictor less over-confident than it
+shows a growing gap; the temperature-scaled baseline (a single network, no averaging) is
+the control a Bayesian predictor's growth is measured against."""
 
 from __future__ import annotations
 
@@ -85,13 +89,19 @@ class Range:
 class ShiftGap:
     """NLL(baseline) - NLL(predictor) per angle (positive: the predictor is better);
     ``intervals`` the paired bootstraps of NLL(predictor) - NLL(baseline) (None without
-    per-point predictions); ``growth`` the mean gap over the large angles minus the gap at 0."""
+    per-point predictions); ``growth`` the mean gap over the large angles minus the gap at 0.
+    ``bayesian``: whether the predictor averages (else a single network, shown as a
+    control); ``beyond``: the growth of NLL(control) - NLL(predictor), i.e. its growth
+    minus the control's on the same resamples (None for the control itself, without one,
+    or without per-point predictions)."""
 
     predictor: str
     angles: list[float]
     gap: list[float]
     intervals: list[Interval | None]
     growth: Range | None
+    bayesian: bool = True
+    beyond: Range | None = None
 
     def bounds(self) -> tuple[list[float], list[float]] | None:
         """The gap's interval per angle, or None unless every angle has one."""
@@ -116,7 +126,8 @@ def _per_point_nll(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _growth(
     base: PredictorResult, p: PredictorResult, large: list[str], zero: str, boot: tuple[int, int]
 ) -> Range | None:
-    """Paired bootstrap over the shifted subset of mean gap(large angles) - gap(0)."""
+    """Paired bootstrap over the shifted subset of mean gap(large angles) - gap(0); the
+    resamples are the report's (one seed), so two growths' difference is paired too."""
     per_angle = []
     for name in [zero, *large]:
         b, q = _tensors(base, name), _tensors(p, name)
@@ -131,8 +142,14 @@ def _growth(
     return Range(float(growth.mean()), low, high)
 
 
-def shift_gap(base: PredictorResult, p: PredictorResult, boot: tuple[int, int]) -> ShiftGap | None:
-    """The predictor's NLL gap to the baseline per angle; None without common angles."""
+def shift_gap(
+    base: PredictorResult,
+    p: PredictorResult,
+    boot: tuple[int, int],
+    control: PredictorResult | None = None,
+) -> ShiftGap | None:
+    """The predictor's NLL gap to the baseline per angle, and its growth beyond the
+    control's when one is given (and is not the predictor); None without common angles."""
     common = [(a, n) for a, n in angles(p) if n in shift_metrics(base)]
     if not common:
         return None
@@ -150,17 +167,40 @@ def shift_gap(base: PredictorResult, p: PredictorResult, boot: tuple[int, int]) 
             intervals.append(None)
     zero = next((n for a, n in common if a == 0.0), None)
     large = [n for a, n in common if a >= LARGE_ANGLE]
-    growth = _growth(base, p, large, zero, boot) if zero is not None and large else None
-    return ShiftGap(p.name, [a for a, _ in common], gaps, intervals, growth)
+    growth = beyond = None
+    if zero is not None and large:
+        growth = _growth(base, p, large, zero, boot)
+        if control is not None and control.name != p.name:
+            beyond = _growth(control, p, large, zero, boot)
+    degrees = [a for a, _ in common]
+    return ShiftGap(p.name, degrees, gaps, intervals, growth, is_bayesian(p), beyond)
+
+
+def temperature_control(inputs: ReportInputs, base: PredictorResult) -> PredictorResult | None:
+    """The baseline's method as a single network with a temperature fitted on validation
+    (``map_ts``): calibrated but averaging nothing. ``<baseline>_ts`` first, else the
+    first such predictor in table order; None when the run has none."""
+    found = [
+        p
+        for p in inputs.predictors
+        if p.name != base.name
+        and p.method == base.method
+        and not is_bayesian(p)
+        and math.isfinite(p.metric("temperature"))
+        and angles(p)
+    ]
+    return min(found, key=lambda p: p.name != f"{base.name}_ts", default=None)
 
 
 def shift_gaps(inputs: ReportInputs, base: PredictorResult) -> list[ShiftGap]:
-    """The gap of every Bayesian predictor with shift metrics, in table order."""
+    """The gap of every predictor with shift metrics but the baseline, in table order:
+    the Bayesian ones and the single networks that are their controls."""
     boot = bootstrap_params(inputs)
+    control = temperature_control(inputs, base)
     found = [
-        shift_gap(base, p, boot)
+        shift_gap(base, p, boot, control)
         for p in inputs.predictors
-        if p.name != base.name and is_bayesian(p) and angles(p)
+        if p.name != base.name and angles(p)
     ]
     return [g for g in found if g is not None]
 
@@ -179,5 +219,23 @@ def growth_verdict(g: ShiftGap) -> bool | None:
     if g.growth.low > 0:
         return large_gap(g) > 0
     if g.growth.high < 0:
+        return False
+    return None
+
+
+def large_gap_beyond(g: ShiftGap, control: ShiftGap) -> float:
+    """Mean NLL(control) - NLL(predictor) over the large angles (NaN without any)."""
+    return large_gap(g) - large_gap(control)
+
+
+def control_verdict(g: ShiftGap, control: ShiftGap) -> bool | None:
+    """True: the gap grows beyond the control's growth and the predictor beats the control
+    at the large angles; False: it grows less than the control's beyond noise; None:
+    neither, or no interval."""
+    if g.beyond is None:
+        return None
+    if g.beyond.low > 0:
+        return True if large_gap_beyond(g, control) > 0 else None
+    if g.beyond.high < 0:
         return False
     return None

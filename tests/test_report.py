@@ -35,7 +35,7 @@ from bayesavg.report.sections.calibration import classic_reliability, reliabilit
 from bayesavg.report.sections.comparisons import baseline_lines, effect
 from bayesavg.report.sections.headline import best_table, ranking_table
 from bayesavg.report.sections.metrics import metrics_note, metrics_table
-from bayesavg.report.sections.plane import plane_grid
+from bayesavg.report.sections.plane import colour_scale, plane_grid
 from bayesavg.report.sections.samples import samples_layout
 from bayesavg.report.sections.training import epoch_offset, finetune_curves_figure, training_layout
 from bayesavg.report.sections.variational import sigma_figure
@@ -429,6 +429,19 @@ def test_plane_grid_is_placed_by_coordinates_not_row_order() -> None:
         assert z[b_values.index(row["b"]), a_values.index(row["a"])] == row["loss"]
 
 
+def test_loss_planes_share_one_colour_scale() -> None:
+    """A colour is the same loss in every panel: the range is all panels' together, log
+    when that range spans more than a factor 10 though one panel alone would not."""
+    wide, narrow = _plane(1.0, "vi"), _plane(1.0, "swag")
+    narrow = dataclasses.replace(
+        narrow, grid=[{**r, "loss": 0.5 + r["loss"] / 1e4} for r in narrow.grid]
+    )
+    assert colour_scale({"swag": narrow})[2] is False
+    lo, hi, log = colour_scale({"vi": wide, "swag": narrow})
+    losses = [r["loss"] for r in [*wide.grid, *narrow.grid]]
+    assert (lo, hi, log) == (min(losses), max(losses), True)
+
+
 def test_full_report_is_byte_identical(written_full: dict[str, Path]) -> None:
     before = {name: path.read_bytes() for name, path in written_full.items()}
     again = write_report(_full_inputs(), written_full["md"].parent)
@@ -603,6 +616,16 @@ def test_effect_calls_a_difference_within_its_interval_noise() -> None:
     assert effect(worse, "McNemar p = 0.01") == (
         "worsens accuracy by 1.20 pp (95% CI 0.40-2.00 pp; McNemar p = 0.01)"
     )
+    # a tempered network is right and wrong where it was: no interval to give
+    (tempered, y), (plain, _) = _point_tensors_of(2.0), _point_tensors_of(1.0)
+    same = paired_bootstrap("accuracy", plain, tempered, y)
+    assert effect(same) == "accuracy the same (no difference in any resample)"
+
+
+def _point_tensors_of(temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(200, 4, generator=g), torch.randint(0, 4, (200,), generator=g)
+    return torch.log_softmax(logits / temperature, 1), y
 
 
 def test_comparisons_use_paired_intervals(predicted: ReportInputs) -> None:

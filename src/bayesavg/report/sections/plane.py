@@ -31,13 +31,23 @@ def plane_grid(grid: list[dict[str, float]]) -> tuple[list[float], list[float], 
     return a_values, b_values, z
 
 
-def _plane_panel(fig: Figure, ax: Any, name: str, plane: PlaneData) -> None:
-    a_values, b_values, z = plane_grid(plane.grid)
-    finite = z[np.isfinite(z)]
+def colour_scale(planes: dict[str, PlaneData]) -> tuple[float, float, bool]:
+    """One (low, high, log) for every panel, so that a colour is the same loss in each and
+    panels side by side compare: log when the losses span more than a factor 10."""
+    grids = [plane_grid(plane.grid)[2] for plane in planes.values()]
+    finite = np.concatenate([z[np.isfinite(z)] for z in grids])
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     log = lo > 0 and hi / lo > 10
     if hi <= lo:
         hi = lo + max(abs(lo), 1.0) * 1e-3
+    return lo, hi, log
+
+
+def _plane_panel(
+    fig: Figure, ax: Any, name: str, plane: PlaneData, scale: tuple[float, float, bool]
+) -> None:
+    a_values, b_values, z = plane_grid(plane.grid)
+    lo, hi, log = scale
     levels = np.geomspace(lo, hi, 16) if log else np.linspace(lo, hi, 16)
     filled = ax.contourf(
         a_values,
@@ -103,8 +113,9 @@ def plane_figure(planes: dict[str, PlaneData]) -> bytes | None:
     rows = math.ceil(len(planes) / cols)
     fig = Figure(figsize=(6.5 * cols, 5 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    scale = colour_scale(planes)
     for ax, (name, plane) in zip(axes, planes.items(), strict=False):
-        _plane_panel(fig, ax, name, plane)
+        _plane_panel(fig, ax, name, plane, scale)
     for ax in axes[len(planes) :]:
         ax.set_axis_off()
     return style.png(fig)
@@ -118,7 +129,8 @@ CAPTION = (
     "Markers: the snapshots in collection order, the average (star), and the start "
     "projected onto the plane. The legend's losses are at the points themselves; the "
     "snapshots and the start can lie off the plane (the start's distance is given), "
-    "while the contours show the plane only."
+    "while the contours show the plane only. Every panel has the same colour scale (log "
+    "when the losses span more than a factor 10), so a colour is the same loss in each."
 )
 
 

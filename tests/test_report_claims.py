@@ -23,7 +23,7 @@ import test_report_dswag
 from bayesavg.report import ReportInputs, document, write_report
 from bayesavg.report.blocks import Bullets, Details, Heading, Section, TableBlock
 from bayesavg.report.claims import DSWAG_PAPER, Claim, claim_text
-from bayesavg.report.formats import interval_number, interval_text, signed, unsigned
+from bayesavg.report.formats import LABELS, interval_number, interval_text, signed, unsigned
 from bayesavg.report.intervals import Interval
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import (
@@ -242,12 +242,13 @@ def test_a_pair_claims_number_is_its_deciding_interval(predicted: ReportInputs) 
     comp = unc.comparison("swa", "fswa")
     assert comp is not None
     keys = ("accuracy", "nll", "ece", "brier")
-    better = sum(comp.intervals[k].verdict() == "better" for k in keys)
-    assert (
-        claim.number == f"{interval_number(_deciding(comp.intervals, keys))} ({better} of 4 better)"
-    )
+    better = [LABELS[k] for k in keys if comp.intervals[k].verdict() == "better"]
+    which = f": {', '.join(better)}" if 0 < len(better) < 4 else ""
+    deciding = interval_number(_deciding(comp.intervals, keys))
+    assert claim.number == f"{deciding} ({len(better)} of 4 better{which})"
     assert re.fullmatch(
-        r"\w+ diff [+-][\d.]+( pp)? \[[+-][\d.]+, [+-][\d.]+\] \(\d of 4 better\)", claim.number
+        r"\w+ diff [+-][\d.]+( pp)? \[[+-][\d.]+, [+-][\d.]+\] \(\d of 4 better(: .+)?\)",
+        claim.number,
     )
 
 

@@ -88,6 +88,8 @@ def effect(interval: Interval, extra: str = "") -> str:
     label = LABELS[interval.metric]
     more = f"; {extra}" if extra else ""
     verdict = interval.verdict()
+    if interval.diff == interval.low == interval.high == 0:
+        return f"{label} the same (no difference in any resample)"
     if verdict == "within noise":
         level = f"{100 * interval.level:g}% CI"
         low, high = (signed(scale * v, digits) for v in (interval.low, interval.high))
@@ -177,8 +179,9 @@ def _pair_claim(
     # The metric that decides: the first worse one, else the first within noise, else the first.
     want = {False: "worse", None: "within noise", True: "better"}[holds]
     deciding = comp.intervals[keys[verdicts.index(want)]]
-    better = verdicts.count("better")
-    number = f"{interval_number(deciding)} ({better} of {len(keys)} better)"
+    better = [LABELS[k] for k, v in zip(keys, verdicts, strict=True) if v == "better"]
+    which = f": {', '.join(better)}" if better and len(better) < len(keys) else ""
+    number = f"{interval_number(deciding)} ({len(better)} of {len(keys)} better{which})"
     return Claim(paper, statement, holds, evidence, number)
 
 

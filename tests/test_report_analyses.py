@@ -517,6 +517,10 @@ def test_single_networks_have_no_mutual_information_row(
     tables = [b.table for b in blocks if getattr(b, "kind", "") == "table"]
     mi = next(t for t in tables if any("MI = 0" in r[1].text for r in t.rows))
     assert {r[0].text for r in mi.rows if "MI = 0" in r[1].text} == {"map", "swa"}
+    pred = next(p.predictions for p in inputs.predictors if p.predictions is not None)
+    n_test, n_ood = (len(pred.ood_scores[k]["entropy"]) for k in ("test", "animal_mnist"))
+    heads = [b.text for b in blocks if getattr(b, "level", 0) == 3 and "score" in b.text]
+    assert heads and all(f"({n_test} test, {n_ood} OOD images)" in h for h in heads)
 
 
 # ---------------------------------------------------------------- figures

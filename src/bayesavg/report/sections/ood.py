@@ -256,10 +256,12 @@ def build(inputs: ReportInputs, unc: Uncertainty) -> Section:
         )
     )
     for ood_set in sets:
+        counts = next(filter(None, (ood_counts(p, ood_set) for p in inputs.predictors)), None)
+        size = f" ({counts[0]} test, {counts[1]} OOD images)" if counts else ""
         for score, label in OOD_SCORES:
             table = _ood_table(inputs, ood_set, score)
             if table is not None:
-                blocks += [Heading(3, f"{ood_set}, score {label}"), TableBlock(table)]
+                blocks += [Heading(3, f"{ood_set}{size}, score {label}"), TableBlock(table)]
     ood_set = _first_ood_set(inputs)
     png = style.png_or_none(ood_histogram_figure(inputs, ood_set) if ood_set else None)
     blocks += figure("analysis_ood", png, CAPTIONS["analysis_ood"])

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from bayesavg.evaluation.metrics import ece
-from bayesavg.report.intervals import FULL, bootstrap, mcnemar, paired_bootstrap, resample_counts
+from bayesavg.report.intervals import (
+    FULL,
+    bootstrap,
+    carried_by,
+    mcnemar,
+    paired_bootstrap,
+    resample_counts,
+)
 
 
 def _case(seed: int, n: int = 300, k: int = 4, shift: float = 0.0) -> tuple[torch.Tensor, ...]:
@@ -136,3 +145,21 @@ def test_single_bootstrap_is_seeded_and_narrows_with_more_points() -> None:
     assert small.high - small.low > one.high - one.low
     with pytest.raises(ValueError, match="unknown metric 'auc'"):
         bootstrap("auc", a, y)
+
+
+def test_carried_by_is_the_smallest_set_whose_removal_erases_the_difference() -> None:
+    """Against every subset of small samples: the fewest points to drop so that the rest
+    sums to 0 or to the other side."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        d = torch.randn(7, generator=g).pow(3)
+        total = float(d.sum())
+        brute = min(
+            k
+            for k in range(8)
+            for drop in itertools.combinations(range(7), k)
+            if float(d[[i for i in range(7) if i not in drop]].sum()) * total <= 0
+        )
+        assert carried_by(d) == brute
+    assert carried_by(torch.zeros(3)) == 0
+    assert carried_by(torch.tensor([-5.0, 1.0, 1.0, 1.0])) == 1

@@ -28,7 +28,7 @@ from bayesavg.report import (
 )
 from bayesavg.report.blocks import Cell, Heading, Preformatted, Section, Table, TableBlock
 from bayesavg.report.claims import Claim, claim_text
-from bayesavg.report.intervals import Interval, holm, paired_bootstrap
+from bayesavg.report.intervals import PER_POINT, Interval, holm, paired_bootstrap
 from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import landscape, ood, sharpness, shift
 from bayesavg.report.sections.calibration import classic_reliability, reliability_layout
@@ -637,6 +637,15 @@ def test_comparisons_use_paired_intervals(predicted: ReportInputs) -> None:
     assert "accuracy within noise (+0.10 pp, 95% CI " in swa and "McNemar p = 1" in swa
     assert "improves NLL by" in swag and "improves accuracy by" in swag
     assert swag.index("improves") < swag.index("McNemar")
+    # how many images the NLL gain rests on: removing them, it is gone
+    comp = unc.comparison("map", "swag")
+    assert comp is not None and comp.nll_carried_by is not None
+    a, y = _point_tensors(predicted, "map")
+    gain = PER_POINT["nll"](_point_tensors(predicted, "swag")[0], y) - PER_POINT["nll"](a, y)
+    k = comp.nll_carried_by
+    assert float(gain.sum()) < 0 and float(torch.sort(gain).values[k:].sum()) >= 0
+    assert float(torch.sort(gain).values[k - 1 :].sum()) < 0
+    assert f"{k} test images carry it: without them it is gone" in swag
     lines = baseline_lines(_inputs(), compute(_inputs()))
     assert all("no per-point predictions, so no interval and no verdict" in x for x in lines)
 

@@ -266,6 +266,18 @@ def bootstrap(
     return Estimate(metric, value, low, high, level, resamples)
 
 
+def carried_by(per_point: torch.Tensor) -> int:
+    """The fewest points whose removal brings a summed difference to 0 or past it: how
+    many test images a gain or a loss rests on (an NLL gap is often a handful of images
+    one predictor is confidently wrong on)."""
+    total = float(per_point.double().sum())
+    if total == 0:
+        return 0
+    largest = torch.sort(per_point.double() * math.copysign(1.0, total), descending=True).values
+    reached = torch.nonzero(torch.cumsum(largest, 0) >= abs(total) * (1 - 1e-12))
+    return int(reached[0]) + 1 if len(reached) else len(largest)
+
+
 def holm(p_values: list[float], alpha: float) -> list[bool]:
     """Holm's step-down: which of m tests are rejected at family-wise error ``alpha``
     (the k-th smallest p against alpha / (m - k + 1), stopping at the first that fails)."""

@@ -26,7 +26,16 @@ import torch
 
 from . import parallel
 from .inputs import PredictorResult, ReportInputs
-from .intervals import SELECTIVE, Estimate, Interval, bootstrap, mcnemar, paired_bootstrap
+from .intervals import (
+    PER_POINT,
+    SELECTIVE,
+    Estimate,
+    Interval,
+    bootstrap,
+    carried_by,
+    mcnemar,
+    paired_bootstrap,
+)
 
 METRICS = ("accuracy", "nll", "ece", "brier", *SELECTIVE)
 CALIBRATED = ("nll", "ece", "brier")  # at each predictor's own temperature
@@ -59,12 +68,14 @@ def settings(params: dict[str, Any]) -> Settings:
 @dataclass(frozen=True)
 class Comparison:
     """``candidate`` against ``reference`` on the same points: intervals of candidate -
-    reference by metric, and McNemar's exact p for accuracy."""
+    reference by metric, McNemar's exact p for accuracy, and how many test points the
+    NLL difference rests on (``intervals.carried_by``)."""
 
     reference: str
     candidate: str
     intervals: dict[str, Interval]
     mcnemar_p: float
+    nll_carried_by: int | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +204,8 @@ def compare(ref: PredictorResult, cand: PredictorResult, s: Settings) -> Compari
         for m in METRICS
     }
     p = mcnemar(a[0].argmax(1) == y, b[0].argmax(1) == y)
-    return Comparison(ref.name, cand.name, intervals, p)
+    carried = carried_by(PER_POINT["nll"](b[0], y) - PER_POINT["nll"](a[0], y))
+    return Comparison(ref.name, cand.name, intervals, p, carried)
 
 
 def compared_pairs(inputs: ReportInputs) -> list[tuple[PredictorResult, PredictorResult]]:

@@ -114,6 +114,10 @@ def _effects(comp: Comparison, keys: tuple[str, ...] = tuple(LABELS)) -> list[st
     for key in keys:
         interval = comp.intervals[key]
         extra = f"McNemar p = {comp.mcnemar_p:.2g}" if key == "accuracy" else ""
+        k = comp.nll_carried_by
+        if key == "nll" and k is not None and interval.verdict() != "within noise":
+            carry = f"{k} test images carry" if k != 1 else "1 test image carries"
+            extra = f"{carry} it: without {'them' if k != 1 else 'it'} it is gone"
         found.append((order[interval.verdict()], effect(interval, extra)))
     return [text for _, text in sorted(found, key=lambda t: t[0])]
 

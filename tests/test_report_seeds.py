@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from bayesavg.report import Predictions, PredictorResult, ReportInputs, SeedRun, write_report
 from bayesavg.report.sections import baselines, seeds
@@ -109,3 +110,20 @@ def test_multiswag_shift_claim_follows_the_paired_growth(gain: float, holds: boo
     )
     assert low <= value <= high and (n_shifts, n_points) == (1, N)
     assert shift.number == f"gap growth {value:+.4f} [{low:+.4f}, {high:+.4f}]"
+
+
+def test_a_decided_nll_claim_says_how_many_images_carry_it() -> None:
+    """MultiSWAG far stronger than the ensemble: the claim holds, and its evidence gives
+    the fewest test images whose removal erases the gain (``intervals.carried_by``)."""
+    from bayesavg.report.intervals import PER_POINT, carried_by
+
+    inputs = _inputs({0: STRONG})
+    unc = compute(inputs)
+    found = {c.statement: c for c in baselines.claims(inputs, unc)}
+    claim = found["MultiSWAG beats a deep ensemble of the same members on NLL"]
+    assert claim.holds is True
+    by_name = {p.name: p.predictions for p in inputs.predictors}
+    y = torch.as_tensor(by_name["map"].y)
+    nll = {n: PER_POINT["nll"](torch.as_tensor(by_name[n].log_probs), y) for n in by_name}
+    k = carried_by(nll["multiswag"] - nll["ensemble"])
+    assert k > 1 and f"it rests on {k} test images (without them: gone)" in claim.evidence

@@ -37,7 +37,11 @@ def _nll_claim(
         return Claim(paper, statement, None, "no per-point predictions", "n/a (no predictions)")
     iv: Interval = comp.intervals["nll"]
     holds = {"better": True, "worse": False}.get(iv.verdict())
-    evidence = f"{cand} - {ref} on the test split: {interval_number(iv)}."
+    evidence = f"{cand} - {ref} on the test split: {interval_number(iv)}"
+    k = comp.nll_carried_by
+    if holds is not None and k is not None:
+        evidence += f"; it rests on {k} test image{'s' if k != 1 else ''} (without them: gone)"
+    evidence += "."
     return Claim(paper, statement, holds, evidence, interval_number(iv))
 
 

@@ -217,3 +217,33 @@ def test_without_multiswa_the_share_is_unknown_and_no_sampling_claim() -> None:
     assert SAMPLING not in found
     assert found[AGAINST_ENSEMBLE].holds is True
     assert "how much of it comes without sampling is unknown" in found[AGAINST_ENSEMBLE].evidence
+
+
+@pytest.mark.parametrize("dip", [True, False])
+def test_the_shift_sentence_names_a_dip_between_the_ends(dip: bool) -> None:
+    """A digit rotated 180° can read right again: the accuracy's low between 0° and the
+    largest angle is said when it is below both ends, and only then."""
+    inputs = fixture._inputs()
+    base = inputs.predictors[0]
+    rotations = measures.angles(base)
+    accuracy = {
+        name: 0.97 - 0.6 * i / (len(rotations) - 1) for i, (_, name) in enumerate(rotations)
+    }
+    middle_angle, middle = rotations[len(rotations) // 2]
+    if dip:
+        accuracy[middle] = 0.08
+    shifted = {
+        n: {**m, "accuracy": accuracy.get(n, m["accuracy"])}
+        for n, m in base.metrics["shift"].items()
+    }
+    inputs = dataclasses.replace(
+        inputs,
+        predictors=[
+            dataclasses.replace(base, metrics={**base.metrics, "shift": shifted}),
+            *inputs.predictors[1:],
+        ],
+    )
+    text = shift._shift_sentence(inputs, shift._shift_gaps(inputs))
+    assert f"falls from 97.0% at {rotations[0][0]:g}° to 37.0% at {rotations[-1][0]:g}°" in text
+    assert (f", through 8.0% at {middle_angle:g}°" in text) is dip
+    assert ("through" in text) is dip

@@ -225,6 +225,10 @@ def _shift_sentence(inputs: ReportInputs, gaps: list[ShiftGap]) -> str:
         f"The baseline's accuracy{where} falls from {100 * acc[0]:.1f}% at {found[0][0]:g}° "
         f"to {100 * acc[1]:.1f}% at {found[-1][0]:g}°"
     )
+    inner = [(shift_value(base, name, "accuracy"), angle) for angle, name in found[1:-1]]
+    low = min(inner, default=None)
+    if low is not None and low[0] < min(acc):  # not monotone: a 6 upside down reads 9
+        text += f", through {100 * low[0]:.1f}% at {low[1]:g}°"
     bayes = [g for g in gaps if g.bayesian]
     if bayes:
         best = max(bayes, key=lambda g: (large_gap(g), g.predictor))

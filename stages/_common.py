@@ -34,7 +34,7 @@ from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
 from bayesavg.tracking.source import default_store, git_commit, source_tags
 from bayesavg.tracking.spool import is_remote
-from bayesavg.tracking.worker import Tracker
+from bayesavg.tracking.worker import Tracker, ended_status
 
 PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
@@ -164,8 +164,14 @@ _digests: dict[Path, str] = {}
 
 
 def digest(path: Path) -> str:
-    """sha256 of a stage input or output file, computed once per process."""
+    """sha256 of a stage input or output file, computed once per process; a missing input
+    (an upstream stage interrupted, or this one run by hand first) is one line."""
     if path not in _digests:
+        if not path.is_file():
+            raise UserError(
+                f"{path} is missing: run the stage that writes it first (dvc repro runs "
+                "what a stage needs)"
+            )
         _digests[path] = sha256_file(path)
     return _digests[path]
 
@@ -311,9 +317,9 @@ def tracked(
         started = time.perf_counter()
         try:
             yield run
-        except BaseException:
+        except BaseException as err:
             if parent is not None:
-                run.record_in_parent(stage, reused_runs(stage), "FAILED")
+                run.record_in_parent(stage, reused_runs(stage), ended_status(err))
             raise
         done = time.perf_counter()
         seconds = {"startup": started - _Ledger.since, "compute": done - started}

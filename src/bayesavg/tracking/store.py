@@ -137,6 +137,10 @@ def _parent_run(
         [experiment_id], filter_string=f"tags.`{EXECUTION_TAG}` = '{key}'", max_results=1
     )
     if found:
+        # A unit of the execution ended it FINISHED; another starting runs it again (a
+        # stage that failed or was killed keeps that status visible until the end).
+        if found[0].info.status == "FINISHED":
+            client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
     own = {k: tags[k] for k in _SOURCE_TAGS if k in tags}
     extra = {k: v for k, v in parent.items() if k not in ("key", "name")}

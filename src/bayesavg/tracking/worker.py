@@ -149,7 +149,8 @@ class Tracker:
         parent: Mapping[str, str] | None = None,
         close: bool = True,
     ) -> Iterator[RemoteRun]:
-        """Start a run in the worker, yield it, end it FINISHED (FAILED on an exception).
+        """Start a run in the worker, yield it, end it FINISHED (on an exception FAILED, on
+        an interruption KILLED).
 
         ``start_time`` (ms since the epoch): when the stage started, so the run's
         duration in MLflow covers the stage, not only the part after the worker
@@ -170,9 +171,9 @@ class Tracker:
         run = RemoteRun(self, self.started())
         try:
             yield run
-        except BaseException:
+        except BaseException as err:
             with contextlib.suppress(TrackingError):
-                self.send("end", status="FAILED")
+                self.send("end", status=ended_status(err))
                 self.close()
             raise
         _ = run.run_id  # known to the stage after the worker is gone (the run id file)
@@ -360,9 +361,17 @@ def _replay_pending(folder: Path, uri: str, artifacts: str, replay_all: Any) -> 
         sys.stderr.write(f"tracking: replayed {calls} spooled calls from {spools} spool(s)\n")
 
 
+def ended_status(err: BaseException) -> str:
+    """An interrupted run (Ctrl-C, SIGTERM: ``KeyboardInterrupt``) was KILLED, not FAILED."""
+    return KILLED if isinstance(err, KeyboardInterrupt) else "FAILED"
+
+
 def main() -> None:
-    # Ctrl-C reaches the whole process group: let the stage decide, and log what it sent.
+    # Ctrl-C, or a SIGTERM to the whole process group (a timeout, a cancelled CI job),
+    # reaches this worker too: let the stage decide, and log what it sent. The worker
+    # ends when the stage's pipe closes, marking the run KILLED if the stage died.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     uri, artifacts = sys.argv[1:3]
     spool_dir = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     # Before mlflow is imported: its INFO lines ("Validating input example ...") and

@@ -1,0 +1,138 @@
+"""An interrupted entry point (Ctrl-C, or SIGTERM from a timeout, a cancelled job or
+``kill``): one line, the shell's exit code, ``finally`` blocks run, and its MLflow run
+ends KILLED rather than FAILED or left RUNNING; an execution's parent run is RUNNING
+again while another of its stages runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from bayesavg.runtime.entry import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, run_entry
+from bayesavg.tracking.store import open_run
+from bayesavg.tracking.worker import KILLED, Tracker, ended_status
+
+
+def _status(mlflow_store: tuple[str, str], run_id: str) -> str:
+    return MlflowClient(tracking_uri=mlflow_store[0]).get_run(run_id).info.status
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys: pytest.CaptureFixture[str]) -> None:
+    def stage() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        run_entry(stage)
+    assert stop.value.code == EXIT_INTERRUPTED == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("interrupted by Ctrl-C (SIGINT): stopped;")
+
+
+def test_sigterm_runs_finally_blocks_and_exits_143(capsys: pytest.CaptureFixture[str]) -> None:
+    cleaned = []
+    before = signal.getsignal(signal.SIGTERM)
+
+    def stage() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the handler raises before this ends
+        finally:
+            cleaned.append(True)
+
+    with pytest.raises(SystemExit) as stop:
+        run_entry(stage)
+    assert stop.value.code == EXIT_TERMINATED == 143
+    assert cleaned == [True]
+    assert capsys.readouterr().err.startswith("interrupted by SIGTERM: stopped;")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_interrupted_run_is_killed_and_a_failed_one_failed(
+    mlflow_store: tuple[str, str],
+) -> None:
+    assert ended_status(KeyboardInterrupt()) == ended_status(Terminated()) == KILLED
+    assert ended_status(RuntimeError()) == "FAILED"
+    with (
+        pytest.raises(Terminated),
+        Tracker.spawn(*mlflow_store).run("s", experiment="e", tags={}, inputs={}) as run,
+    ):
+        run_id = run.run_id
+        raise Terminated
+    assert _status(mlflow_store, run_id) == KILLED
+
+
+# A tracked stage in its own process group, waiting to be stopped; its worker is spawned
+# in the same group, as a stage's is.
+STAGE = """
+import sys, time
+from bayesavg.runtime.entry import run_entry
+from bayesavg.tracking.worker import Tracker
+
+def stage():
+    with Tracker.spawn(sys.argv[1], sys.argv[2]).run(
+        "finetune@x", experiment="e", tags={}, inputs={}
+    ) as run:
+        print(run.run_id, flush=True)
+        time.sleep(60)
+
+run_entry(stage)
+"""
+
+
+def test_sigterm_to_the_group_leaves_a_killed_run_and_one_line(
+    mlflow_store: tuple[str, str],
+) -> None:
+    """What a timeout or a cancelled CI job does: SIGTERM to every process of the group.
+    The worker outlives it (it ignores SIGTERM) to end the run KILLED."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STAGE, *mlflow_store],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    run_id = proc.stdout.readline().strip()
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == EXIT_TERMINATED
+    lines = proc.stderr.read().strip().splitlines()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert lines[-1].startswith("interrupted by SIGTERM") and "Traceback" not in "\n".join(lines)
+    assert _status(mlflow_store, run_id) == KILLED
+
+
+def test_the_parent_runs_again_while_another_stage_of_its_execution_runs(
+    mlflow_store: tuple[str, str],
+) -> None:
+    """One stage ended the execution's parent run FINISHED; the next one to start makes it
+    RUNNING until it ends; a stage that failed keeps the parent's status FAILED."""
+    uri, artifacts = mlflow_store
+    parent = {"key": "host:1:2:", "name": "dvc repro now"}
+
+    def stage(name: str) -> object:
+        return open_run(
+            name, tracking_uri=uri, artifact_location=artifacts, experiment="e", parent=parent
+        )
+
+    first = stage("finetune@a")
+    first.record_in_parent("finetune@a", {}, "FINISHED")
+    first.terminate()
+    client = MlflowClient(tracking_uri=uri)
+    parent_id = client.get_run(first.run_id).data.tags["mlflow.parentRunId"]
+    assert client.get_run(parent_id).info.status == "FINISHED"
+    second = stage("finetune@b")
+    assert client.get_run(parent_id).info.status == "RUNNING"
+    second.record_in_parent("finetune@b", {}, "FAILED")
+    second.terminate("FAILED")
+    assert client.get_run(parent_id).info.status == "FAILED"
+    third = stage("finetune@c")
+    assert client.get_run(parent_id).info.status == "FAILED"
+    third.record_in_parent("finetune@c", {}, "FINISHED")
+    assert client.get_run(parent_id).info.status == "FAILED"

@@ -4,19 +4,23 @@ A checkpoint holds whatever state tree a run hands it (network, optimizer,
 collector, RNG states, iteration, history; see ``trajectories``) under a
 ``key`` that the caller derives from everything that determines the run
 (params, input files, code). A file with another key, or one that cannot be
-read, is never resumed: it is deleted and the run starts afresh. Loading
-uses ``weights_only=True``, so a checkpoint holds tensors and plain values
-only and never runs code.
+read, or whose bytes fail the zip's CRC-32s (torch's reader does not check
+them, so a flipped byte inside a tensor would load as other weights), is
+never resumed: it is deleted and the run starts afresh. Loading uses
+``weights_only=True``, so a checkpoint holds tensors and plain values only
+and never runs code. Opening one also deletes the temp files that a process
+killed while saving it left beside it.
 """
 
 from __future__ import annotations
 
 import logging
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from .io import save_torch
+from .io import remove_stale_temporaries, save_torch
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +68,18 @@ class Checkpoint:
     def load(self) -> State | None:
         """The saved state (also kept in ``state``) if the file has this key, else None.
 
-        A file with another key, or bytes that are not a checkpoint, is
-        deleted: its run cannot be continued with these params and code.
+        A file with another key, or bytes that are not a checkpoint or not as
+        they were saved, is deleted: its run cannot be continued with these
+        params and code, or not to the result an uninterrupted run gives.
         """
         self.state = None
+        self._sweep()
         if not self.path.is_file():
+            return None
+        damage = _damage(self.path)
+        if damage is not None:
+            log.warning("checkpoint %s is damaged (%s); starting afresh", self.path, damage)
+            self.remove()
             return None
         import torch
 
@@ -95,16 +106,45 @@ class Checkpoint:
         return self.active and epoch % self.every == 0
 
     def save(self, state: State) -> None:
+        """Write the checkpoint, with the CRC-32s that ``load`` checks even where
+        torch's ``compute_crc32`` was turned off (it would write zeros)."""
         if self.active:
-            save_torch(
-                self.path, {"format": FORMAT, "key": self.key, "meta": self.meta, "state": state}
-            )
+            from torch.utils.serialization import config
+
+            tree = {"format": FORMAT, "key": self.key, "meta": self.meta, "state": state}
+            with config.patch({"save.compute_crc32": True}):
+                save_torch(self.path, tree)
 
     def nested(self, state: State | None, wrap: Callable[[State], State]) -> Resumable:
         return _Nested(self, state, wrap)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+    def _sweep(self) -> None:
+        """Delete the temp files of this checkpoint that a killed save left behind."""
+        removed = remove_stale_temporaries(self.path)
+        if removed:
+            size = sum(n for _, n in removed)
+            names = ", ".join(p.name for p, _ in removed)
+            log.info(
+                "removed %d stale temp file(s) of checkpoint %s (%.1f MB): %s",
+                len(removed),
+                self.path,
+                size / 1e6,
+                names,
+            )
+
+
+def _damage(path: Path) -> str | None:
+    """Why ``path``'s bytes are not those torch saved, or None if every zip member's
+    CRC-32 matches: torch's reader skips them, so this is the only check of the data."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except Exception as err:  # zipfile raises many types on damaged headers
+        return f"not a readable zip archive: {err}"
+    return None if bad is None else f"CRC-32 mismatch in {bad}"
 
 
 class _Nested:

@@ -1,7 +1,8 @@
 """Atomic output writing and file hashing.
 
 Every output goes through a temp file in the same directory and an
-``os.replace``, so a failing stage never leaves a half-written file behind.
+``os.replace``, so a failing stage never leaves a half-written file behind,
+and both are fsynced, so a power loss leaves the old file or the new one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,20 +22,69 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+_TEMP_SUFFIX = ".tmp"
+# mkstemp's random part: 8 of [a-z0-9_], never a dot, so one file's pattern matches
+# no other file's temporaries (".a.pt.b.pt.XXXXXXXX.tmp" is not one of "a.pt"'s)
+_TEMP_RANDOM = "[a-z0-9_]{8}"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp path next to ``path``; rename it onto ``path`` on success."""
+    """Yield a temp path next to ``path``; rename it onto ``path`` on success.
+
+    The temp file is fsynced before the rename and the directory after it:
+    without that, a power loss after the rename can leave ``path`` empty or
+    garbled (the rename reaches the disk before the data) instead of old or new.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
     os.close(fd)
     tmp_path = Path(tmp)
     os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are ordinary files
     try:
         yield tmp_path
+        _fsync(tmp_path, os.O_RDONLY)
         os.replace(tmp_path, path)
+        _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    """Flush ``path``'s data (a file) or its entries (a directory) to the disk.
+
+    A read-only descriptor suffices on Linux; the caller's own handle is
+    closed by now (it was opened inside ``atomic_path``'s block), so this
+    one is opened afresh.
+    """
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[tuple[Path, int]]:
+    """Delete the temp files ``atomic_path`` made for ``path`` and a killed process left.
+
+    A SIGKILL mid-write runs no ``finally``; a checkpoint's temporaries can be
+    gigabytes. Only ``path``'s own pattern is matched, never other files.
+    Call it only where no other process may be writing ``path`` right now (a
+    stage's checkpoint: one process opens it). Returns each removed file with
+    its size in bytes.
+    """
+    path = Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + _TEMP_RANDOM + re.escape(_TEMP_SUFFIX))
+    if not path.parent.is_dir():
+        return []
+    removed: list[tuple[Path, int]] = []
+    for entry in sorted(path.parent.iterdir()):
+        if pattern.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+            size = entry.stat().st_size
+            entry.unlink(missing_ok=True)
+            removed.append((entry, size))
+    return removed
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -33,6 +33,7 @@ from _common import (
 
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json
+from bayesavg.runtime.outputs import all_or_nothing
 
 if TYPE_CHECKING:
     import torch
@@ -49,6 +50,17 @@ PLOTS = Path("plots/dswag_sweep")
 def sweep_model(trajectory: str, w: int) -> Path:
     """Where the sweep keeps the posterior of W clients (one DVC output folder for all W)."""
     return Path("models") / f"{trajectory}_sweep" / f"w{w}" / "posterior.pt"
+
+
+def point_outputs(trajectory: str, w: int) -> list[Path]:
+    """What the sweep writes for ``w`` clients: its posterior's folder, history, accuracy
+    along sigma and metrics, each in one of the stage's output folders (in that order)."""
+    return [
+        sweep_model(trajectory, w).parent,
+        PLOTS / "rounds" / f"{w}.csv",
+        PLOTS / "sigma_distance" / f"{w}.csv",
+        METRICS / f"{w}.json",
+    ]
 
 
 def run() -> None:
@@ -88,17 +100,17 @@ def run() -> None:
     with joined(device) if is_rank() else contextlib.nullcontext():
         if delegated(share):
             return
-        data = load_prepared(PREPARED)
-        for w in chosen:
-            _point(p, w, *variant(w), data, start, start_file, device)
-    # With no W listed (workers: []) the outputs DVC expects are empty folders.
-    for out in (
-        Path("models") / f"{sweep.trajectory}_sweep",
-        Path("metrics/dswag_sweep"),
-        Path("plots/dswag_sweep/rounds"),
-        Path("plots/dswag_sweep/sigma_distance"),
-    ):
-        out.mkdir(parents=True, exist_ok=True)
+        # Every W's files or none (a failure at the second W leaves no first): the stage's
+        # output folders when it runs every W, else the one W's files.
+        folders = [f.parent for f in point_outputs(sweep.trajectory, 0)]  # any W's: the outs
+        whole = len(sys.argv) == 1
+        with all_or_nothing(folders if whole else point_outputs(sweep.trajectory, chosen[0])):
+            data = load_prepared(PREPARED)
+            for w in chosen:
+                _point(p, w, *variant(w), data, start, start_file, device)
+            # With no W listed (workers: []) the outputs DVC expects are empty folders.
+            for out in folders:
+                out.mkdir(parents=True, exist_ok=True)
 
 
 def _point(
@@ -168,9 +180,10 @@ def _point(
             bn_x=bn_x,
             batch_size=p.evaluate.batch_size,
         )
-        write_history(PLOTS / "rounds" / f"{w}.csv", result.history)
-        write_csv(PLOTS / "sigma_distance" / f"{w}.csv", distance)
-        write_json(METRICS / f"{w}.json", metrics)
+        _, rounds, along_sigma, summary = point_outputs(sweep.trajectory, w)
+        write_history(rounds, result.history)
+        write_csv(along_sigma, distance)
+        write_json(summary, metrics)
         model = sweep_model(sweep.trajectory, w)
         save_posterior(model, posterior)
         mark_outputs(mlrun, [model])
@@ -185,8 +198,8 @@ def _point(
         if metrics["rounds_to_target"] is not None:
             flat["rounds_to_target"] = float(metrics["rounds_to_target"])
         mlrun.log_metrics(flat)
-        mlrun.log_artifact(PLOTS / "rounds" / f"{w}.csv", "plots")
-        mlrun.log_artifact(PLOTS / "sigma_distance" / f"{w}.csv", "plots")
+        mlrun.log_artifact(rounds, "plots")
+        mlrun.log_artifact(along_sigma, "plots")
 
 
 if __name__ == "__main__":

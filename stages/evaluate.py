@@ -33,6 +33,7 @@ from _common import (
 
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json, write_npz
+from bayesavg.runtime.outputs import all_or_nothing
 
 if TYPE_CHECKING:
     import torch
@@ -200,7 +201,11 @@ def run() -> None:
 
     if delegated(share):
         return
-    share()
+    # All the predictors' files or none (a failure in the third leaves no first two): the
+    # stage's output folders when it evaluates all, else the one predictor's files.
+    files = [f for name in names for f in predictor_files(trajectory, name)]
+    with all_or_nothing([f.parent for f in files] if len(sys.argv) == 2 else files):
+        share()
 
 
 def _args(p: Params) -> tuple[str, list[str]]:

@@ -25,6 +25,7 @@ from _common import MANIFEST, PREPARED, main, params, tracked
 from bayesavg.config import Params
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json
+from bayesavg.runtime.outputs import all_or_nothing
 
 PLOTS = Path("plots/landscape")
 METRICS = Path("metrics/landscape")
@@ -60,6 +61,16 @@ def _units(p: Params) -> list[tuple[str, str]]:
 
 def _posterior_file(trajectory: str) -> Path:
     return Path("models") / trajectory / "posterior.pt"
+
+
+def _unit_outputs(kind: str, name: str) -> list[Path]:
+    """What a probe writes: its plot file or folder, and its summary (a plane's is in its
+    folder). The one place that names them, so a failed run can take them all back."""
+    if kind == "plane":
+        return [PLANES / name]
+    if kind == "swag_directions":
+        return [PLOTS / "swag" / name, METRICS / "swag" / f"{name}.json"]
+    return [PLOTS / kind / f"{name}.csv", METRICS / kind / f"{name}.json"]
 
 
 class _Context:
@@ -130,9 +141,8 @@ def _line(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
         "t_min_train_objective": total["t"],
         "weight_decay": p.pretrain.weight_decay,
     }
-    csv = PLOTS / "line" / f"{name}.csv"
+    csv, out = _unit_outputs("line", name)
     write_csv(csv, rows)
-    out = METRICS / "line" / f"{name}.json"
     write_json(out, summary)
     logged = {
         "distance": summary["distance"],
@@ -176,9 +186,8 @@ def _rays(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list[
         "directions": rp.directions,
         "theta_norm": float(theta.double().norm()),
     }
-    csv = PLOTS / "rays" / f"{name}.csv"
+    csv, out = _unit_outputs("rays", name)
     write_csv(csv, rows)
-    out = METRICS / "rays" / f"{name}.json"
     write_json(out, summary)
     logged = {f"width_{i}": w for i, w in enumerate(widths) if w is not None}
     if summary["width_mean"] is not None:
@@ -220,12 +229,11 @@ def _swag_directions(p: Params, name: str) -> tuple[dict[str, Any], dict[str, fl
         bn_x=ctx.probe.bn_x,
         batch_size=p.evaluate.batch_size,
     )
-    folder = PLOTS / "swag" / name
+    folder, out = _unit_outputs("swag_directions", name)
     write_csv(folder / "directions.csv", rows)
     write_csv(folder / "sigma_distance.csv", sigma_rows)
     deviations = len(posterior.collector["deviations"])  # type: ignore[arg-type]
     summary = {"trajectory": name, "sigmas": sigmas.tolist(), "deviations": deviations}
-    out = METRICS / "swag" / f"{name}.json"
     write_json(out, summary)
     logged = {f"sigma_{i}": s for i, s in enumerate(sigmas.tolist())}
     return summary, logged, [folder / "directions.csv", folder / "sigma_distance.csv", out]
@@ -259,7 +267,7 @@ def _plane(p: Params, name: str) -> tuple[dict[str, Any], dict[str, float], list
         bn_x=x if posterior.has_batchnorm else None,
         batch_size=p.evaluate.batch_size,
     )
-    out = PLANES / name
+    (out,) = _unit_outputs("plane", name)
     summary = {
         "trajectory": name,
         "start": p.finetune[name].start,
@@ -311,18 +319,23 @@ def _settings(p: Params, kind: str, name: str) -> tuple[list[Path], dict[str, An
 
 def run() -> None:
     p = params()
-    for kind, name in _units(p):
-        inputs, logged = _settings(p, kind, name)
-        with tracked(f"{kind}@{name}", p, logged, [MANIFEST, *inputs]) as mlrun:
-            _, metrics, files = RUNNERS[kind](p, name)
-            mlrun.log_metrics(metrics)
-            folder = f"plane/{name}" if kind == "plane" else f"landscape/{kind}/{name}"
-            for file in files:
-                mlrun.log_artifact(file, folder)
-    # A kind with nothing listed (plane: trajectories: []) leaves its outputs DVC expects
-    # as empty folders.
-    for out in (PLOTS, METRICS, PLANES):
-        out.mkdir(parents=True, exist_ok=True)
+    units = _units(p)
+    # Every probe's files or none (a failure in the second leaves no first): the stage's
+    # output folders when it runs all, else the one probe's files.
+    whole = len(sys.argv) == 1
+    with all_or_nothing([PLOTS, METRICS, PLANES] if whole else _unit_outputs(*units[0])):
+        for kind, name in units:
+            inputs, logged = _settings(p, kind, name)
+            with tracked(f"{kind}@{name}", p, logged, [MANIFEST, *inputs]) as mlrun:
+                _, metrics, files = RUNNERS[kind](p, name)
+                mlrun.log_metrics(metrics)
+                folder = f"plane/{name}" if kind == "plane" else f"landscape/{kind}/{name}"
+                for file in files:
+                    mlrun.log_artifact(file, folder)
+        # A kind with nothing listed (plane: trajectories: []) leaves its outputs DVC
+        # expects as empty folders.
+        for out in (PLOTS, METRICS, PLANES):
+            out.mkdir(parents=True, exist_ok=True)
 
 
 if __name__ == "__main__":

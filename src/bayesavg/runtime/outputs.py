@@ -1,0 +1,94 @@
+"""A set of output paths replaced all together or not at all.
+
+``io`` writes each file atomically, but a process that writes several units one
+after another (an evaluation per predictor, a probe per trajectory) and fails or
+is interrupted after the first would leave a partial set, which any reader
+would take for a result. ``all_or_nothing`` gives such a process the set's
+semantics: the paths' old contents (files or folders) are moved aside first,
+the body writes straight to the real paths, and on any exception, including
+``KeyboardInterrupt`` and ``SystemExit``, what the body wrote is removed and the
+old contents are put back; on success the old contents are dropped.
+
+The files go to their final paths, not to a staging folder renamed into place at
+the end, because a path may be handed to another process that reads it later
+(the MLflow worker copies an artifact when it gets to the call): a staging path
+would be gone by then. The price: while the body runs, a reader sees the new
+set growing, as it would without this. The old contents wait beside each path
+(``.<name>.<random>.old``) on the same file system, so moving them is a rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
+    """Run the body as the only writer of ``paths``: all it wrote stays on success; on
+    failure none of it does, and what the paths held before is back in place.
+
+    A path inside another one listed is covered by that one. Folders missing before
+    the body ran are removed again on failure when it left them empty. Files other
+    than ``paths`` are never touched.
+    """
+    targets = _outermost(paths)
+    moved: list[tuple[Path, Path]] = []  # (path, the folder its old content waits in)
+    claimed: list[Path] = []  # the paths whose content from now on is the body's
+    created: set[Path] = set()  # missing parent folders, which the body may create
+    try:
+        for path in targets:
+            created.update(_missing_parents(path))
+            if os.path.lexists(path):
+                prefix = f".{path.name}."
+                aside = Path(tempfile.mkdtemp(prefix=prefix, suffix=".old", dir=path.parent))
+                moved.append((path, aside))
+                os.rename(path, aside / path.name)
+            claimed.append(path)
+        yield
+    except BaseException:
+        _roll_back(claimed, moved, created)
+        raise
+    for _, aside in moved:
+        _remove(aside)
+
+
+def _outermost(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """``paths`` made absolute (cwd may change in the body), without the duplicates
+    and the ones inside another: moving a folder aside moves what it holds."""
+    found = list(dict.fromkeys(Path(os.path.abspath(p)) for p in paths))
+    return [p for p in found if not any(q != p and q in p.parents for q in found)]
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    missing = []
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            break
+        missing.append(parent)
+    return missing
+
+
+def _roll_back(claimed: list[Path], moved: list[tuple[Path, Path]], created: set[Path]) -> None:
+    """Remove what the body wrote, put the old contents back, then the folders it made."""
+    for path in claimed:
+        _remove(path)
+    for path, aside in reversed(moved):
+        kept = aside / path.name
+        if os.path.lexists(kept):  # else interrupted between making ``aside`` and the move
+            os.rename(kept, path)
+        _remove(aside)
+    for folder in sorted(created, key=lambda f: len(f.parts), reverse=True):
+        with contextlib.suppress(OSError):  # not empty, or gone: not ours to remove
+            folder.rmdir()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

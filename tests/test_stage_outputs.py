@@ -1,0 +1,354 @@
+"""A stage that writes several units (evaluate's predictors, landscape's probes, the dswag
+sweep's W) and fails or is interrupted part-way leaves none of this run's outputs, and an
+earlier complete set is back whole (``bayesavg.runtime.outputs.all_or_nothing``)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from pipeline_repo import ROOT
+
+from bayesavg.runtime.outputs import all_or_nothing
+
+FAILURES = [RuntimeError, KeyboardInterrupt, SystemExit]
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` (hidden ones too): a file's bytes, None for a folder."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def write_units(root: Path, units: list[str], fail_at: int | None, error: type) -> None:
+    """A fake multi-unit writer: each unit one file in the folder ``out/``, a
+    ``<unit>.json`` in a folder of other files and a ``<unit>.csv`` in folders it makes,
+    as the stages write theirs; raises ``error`` in unit ``fail_at``, after its first file."""
+    for i, unit in enumerate(units):
+        (root / "out" / "deep").mkdir(parents=True, exist_ok=True)
+        (root / "out" / "deep" / f"{unit}.csv").write_text(f"new {unit}\n")
+        if i == fail_at:
+            raise error("unit failed")
+        (root / "summaries").mkdir(exist_ok=True)
+        (root / "summaries" / f"{unit}.json").write_text(f'{{"unit": "{unit}"}}\n')
+        (root / "made" / "here").mkdir(parents=True, exist_ok=True)
+        (root / "made" / "here" / f"{unit}.csv").write_text(f"new {unit}\n")
+
+
+def outputs(root: Path, units: list[str]) -> list[Path]:
+    listed = [root / "out"]
+    listed += [root / "summaries" / f"{u}.json" for u in units]
+    return listed + [root / "made" / "here" / f"{u}.csv" for u in units]
+
+
+def bystanders(root: Path) -> None:
+    """Files that are not the writer's: beside its outputs and in their parent folder."""
+    (root / "summaries").mkdir(parents=True)
+    (root / "summaries" / "other.json").write_text("{}\n")
+    (root / "notes.txt").write_text("keep\n")
+
+
+@pytest.mark.parametrize("error", FAILURES)
+def test_a_failing_writer_leaves_none_of_its_outputs(tmp_path: Path, error: type) -> None:
+    bystanders(tmp_path)
+    before = tree(tmp_path)
+    units = ["a", "b", "c"]
+    with pytest.raises(error), all_or_nothing(outputs(tmp_path, units)):
+        write_units(tmp_path, units, fail_at=1, error=error)
+    assert (tmp_path / "made").exists() is False
+    assert tree(tmp_path) == before  # no unit's file, no folder it made, nothing moved aside
+
+
+@pytest.mark.parametrize("error", FAILURES)
+def test_an_earlier_complete_set_is_not_half_replaced(tmp_path: Path, error: type) -> None:
+    bystanders(tmp_path)
+    units = ["a", "b", "c"]
+    write_units(tmp_path, units, fail_at=None, error=error)
+    for path in tmp_path.rglob("*.*"):  # the earlier run's bytes differ from this one's
+        path.write_text(f"old {path.name}\n")
+    (tmp_path / "out" / "stale.csv").write_text("an earlier unit's\n")
+    before = tree(tmp_path)
+    with pytest.raises(error), all_or_nothing(outputs(tmp_path, units)):
+        write_units(tmp_path, units, fail_at=2, error=error)
+    assert tree(tmp_path) == before
+
+
+def test_on_success_the_outputs_are_what_writing_directly_gives(tmp_path: Path) -> None:
+    units = ["a", "b", "c"]
+    direct, guarded = tmp_path / "direct", tmp_path / "guarded"
+    for root in (direct, guarded):
+        bystanders(root)
+    write_units(direct, units, fail_at=None, error=RuntimeError)
+    (guarded / "out").mkdir()  # an earlier set, with a unit this run no longer writes
+    (guarded / "out" / "stale.csv").write_text("an earlier unit's\n")
+    (guarded / "summaries" / "a.json").write_text("old\n")
+    with all_or_nothing(outputs(guarded, units)):
+        write_units(guarded, units, fail_at=None, error=RuntimeError)
+    assert tree(guarded) == tree(direct)
+
+
+def test_a_path_inside_another_listed_is_covered_by_it(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x.json").write_text("old\n")
+    before = tree(tmp_path)
+    with pytest.raises(RuntimeError), all_or_nothing([tmp_path / "out", tmp_path / "out/x.json"]):
+        (tmp_path / "out").mkdir()  # the folder was moved aside whole
+        (tmp_path / "out" / "x.json").write_text("new\n")
+        raise RuntimeError
+    assert tree(tmp_path) == before
+
+
+# The stages, called in-process in a scratch folder holding params.yaml, with their units
+# and inputs replaced by fakes that write where the real ones write.
+
+
+class _Run:
+    """A tracked run that logs nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def _untracked(*args: Any, **kwargs: Any) -> Iterator[_Run]:
+    yield _Run()
+
+
+def load_stage(name: str, repo: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """stages/<name>.py as a module (under a name of its own: benchmarks/ has an
+    `evaluate` module too), run from ``repo``, with no MLflow run and one process."""
+    monkeypatch.syspath_prepend(str(ROOT / "stages"))  # for its `_common`
+    monkeypatch.setenv("RANK", "1")  # a first import of `_bootstrap` starts no tracking worker
+    spec = importlib.util.spec_from_file_location(f"stage_{name}", ROOT / f"stages/{name}.py")
+    assert spec is not None and spec.loader is not None
+    stage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("BAYESAVG_NPROC", raising=False)
+    monkeypatch.setattr(stage, "tracked", _untracked)
+    shutil.copy(ROOT / "params.yaml", repo / "params.yaml")
+    monkeypatch.chdir(repo)
+    return stage
+
+
+class Units:
+    """A stage's unit function replaced: each call writes ``paths(*args)`` (a name with a
+    suffix a file, else a folder holding one), the call numbered ``fail_at`` then raises."""
+
+    def __init__(
+        self, paths: Callable[..., list[Path]], fail_at: int | None, error: type = RuntimeError
+    ) -> None:
+        self.paths, self.fail_at, self.error, self.calls = paths, fail_at, error, 0
+
+    def __call__(self, *args: Any) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
+        return self.unit(self.paths(*args), args[1])
+
+    def unit(
+        self, paths: list[Path], name: object
+    ) -> tuple[dict[str, Any], dict[str, float], list[Path]]:
+        written = []
+        for path in paths:
+            file = path if path.suffix else path / "unit.csv"
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(f"new {name}\n")
+            written.append(file)
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise self.error("unit failed")
+        return {}, {}, written
+
+
+def earlier(repo: Path, folders: list[Path]) -> dict[str, bytes | None]:
+    """An earlier complete set in the stage's output folders, and files of other stages;
+    the tree they make."""
+    for folder in folders:
+        (repo / folder).mkdir(parents=True)
+        (repo / folder / "earlier.json").write_text(f"old {folder}\n")
+    (repo / "metrics" / "pretrain.json").write_text("{}\n")
+    return tree(repo)
+
+
+EVALUATE = [Path(p) for p in ("metrics/evaluate", "plots/reliability", "plots/samples")]
+EVALUATE_OUTS = [*(f / "swag" for f in EVALUATE), Path("predictions/swag")]
+
+
+def evaluate_stage(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], units: Units
+) -> ModuleType:
+    stage = load_stage("evaluate", repo, monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["stages/evaluate.py", *args])
+    monkeypatch.setattr(stage, "load_inputs", lambda p, trajectory, device: None)
+    monkeypatch.setattr(stage, "_predictor", units)
+    return stage
+
+
+def predictor_paths(p: Any, name: str, *rest: Any) -> list[Path]:
+    from _common import predictor_files
+
+    return list(predictor_files(p.evaluate.by_name[name].trajectory, name))
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("before", [False, True], ids=["no-earlier-set", "earlier-set"])
+def test_evaluate_failing_at_its_second_predictor_leaves_no_partial_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type, before: bool
+) -> None:
+    """As `dvc repro evaluate@swag` interrupted after swa: no swa files, and a set an
+    earlier run wrote (a direct run; DVC removes it first) is back whole."""
+    (tmp_path / "metrics").mkdir()
+    expected = earlier(tmp_path, EVALUATE_OUTS if before else [])
+    units = Units(predictor_paths, fail_at=2, error=error)
+    stage = evaluate_stage(tmp_path, monkeypatch, ["swag"], units)
+    with pytest.raises(error):
+        stage.run()
+    assert units.calls == 2
+    assert tree(tmp_path) == {**expected, "params.yaml": (ROOT / "params.yaml").read_bytes()}
+
+
+def test_evaluate_writes_every_predictor_on_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All four predictors' files in place; an earlier run's files in the stage's folders
+    gone, as after DVC's own removal; other stages' files untouched."""
+    (tmp_path / "metrics").mkdir()
+    earlier(tmp_path, EVALUATE_OUTS)
+    units = Units(predictor_paths, fail_at=None)
+    evaluate_stage(tmp_path, monkeypatch, ["swag"], units).run()
+    names = ["swa", "swa_ts", "swag_diag", "swag"]
+    written = {
+        f"{folder}/{name}{suffix}"
+        for folder, suffix in zip(EVALUATE_OUTS, (".json", ".csv", ".csv", ".npz"), strict=True)
+        for name in names
+    }
+    files = {k for k, v in tree(tmp_path).items() if v is not None}
+    assert files == {*written, "params.yaml", "metrics/pretrain.json"}
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_evaluate_of_one_predictor_touches_only_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool
+) -> None:
+    """`evaluate.py swag swag_diag` fails: every earlier file is back; succeeds: only
+    swag_diag's files are new."""
+    units = Units(predictor_paths, fail_at=1 if fail else None)
+    stage = evaluate_stage(tmp_path, monkeypatch, ["swag", "swag_diag"], units)
+    old = [*predictor_paths(stage.params(), "swa"), *predictor_paths(stage.params(), "swag_diag")]
+    for path in old:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"old {path}\n")
+    expected = tree(tmp_path)
+    if fail:
+        with pytest.raises(RuntimeError):
+            stage.run()
+    else:
+        stage.run()
+        for path in predictor_paths(stage.params(), "swag_diag"):
+            expected[str(path)] = path.read_bytes()
+            assert path.read_text().startswith("new")
+    assert tree(tmp_path) == expected
+
+
+LANDSCAPE = [Path("plots/plane"), Path("plots/landscape"), Path("metrics/landscape")]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("before", [False, True], ids=["no-earlier-set", "earlier-set"])
+def test_landscape_failing_at_its_second_probe_leaves_no_partial_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type, before: bool
+) -> None:
+    """As `dvc repro landscape` with a truncated posterior after plane@hwa: no plane files."""
+    (tmp_path / "metrics").mkdir()
+    expected = earlier(tmp_path, LANDSCAPE if before else [])
+    stage = load_stage("landscape", tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["stages/landscape.py"])
+    units = Units(lambda *args: [], fail_at=2, error=error)
+    probes(stage, units, monkeypatch)
+    with pytest.raises(error):
+        stage.run()
+    assert units.calls == 2
+    assert tree(tmp_path) == {**expected, "params.yaml": (ROOT / "params.yaml").read_bytes()}
+
+
+def probes(stage: ModuleType, units: Units, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kind of probe replaced by ``units`` writing what the probe writes."""
+
+    def runner(kind: str) -> Callable[[Any, str], Any]:
+        return lambda p, name: units.unit(stage._unit_outputs(kind, name), name)
+
+    for kind in stage.KINDS:
+        monkeypatch.setitem(stage.RUNNERS, kind, runner(kind))
+
+
+def test_landscape_writes_every_probe_on_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = load_stage("landscape", tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["stages/landscape.py"])
+    units = Units(lambda *args: [], fail_at=None)
+    probes(stage, units, monkeypatch)
+    stage.run()
+    listed = stage._units(stage.params())
+    assert units.calls == len(listed) > 2
+    for kind, name in listed:
+        for path in stage._unit_outputs(kind, name):
+            assert (path if path.suffix else path / "unit.csv").read_text() == f"new {name}\n"
+
+
+def test_landscape_of_one_probe_touches_only_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`landscape.py plane fhwa` fails: plane@hwa's earlier files and its own are back."""
+    stage = load_stage("landscape", tmp_path, monkeypatch)
+    for name in ("hwa", "fhwa"):
+        (tmp_path / "plots/plane" / name).mkdir(parents=True)
+        (tmp_path / "plots/plane" / name / "grid.csv").write_text(f"old {name}\n")
+    expected = tree(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["stages/landscape.py", "plane", "fhwa"])
+    units = Units(lambda *args: [], fail_at=1)
+    probes(stage, units, monkeypatch)
+    with pytest.raises(RuntimeError):
+        stage.run()
+    assert units.calls == 1
+    assert tree(tmp_path) == expected
+
+
+SWEEP = [
+    Path(p)
+    for p in (
+        "models/dswag_sweep",
+        "plots/dswag_sweep/rounds",
+        "plots/dswag_sweep/sigma_distance",
+        "metrics/dswag_sweep",
+    )
+]
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("before", [False, True], ids=["no-earlier-set", "earlier-set"])
+def test_dswag_sweep_failing_at_its_second_w_leaves_no_partial_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type, before: bool
+) -> None:
+    import bayesavg.data.prepared
+    import bayesavg.posteriors.file
+
+    (tmp_path / "metrics").mkdir()
+    expected = earlier(tmp_path, SWEEP if before else [])
+    stage = load_stage("dswag_sweep", tmp_path, monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["stages/dswag_sweep.py"])
+    monkeypatch.setattr(bayesavg.posteriors.file, "load_posterior", lambda path: None)
+    monkeypatch.setattr(bayesavg.data.prepared, "load_prepared", lambda path: None)
+    units = Units(lambda p, w, *rest: stage.point_outputs("dswag", w), fail_at=2, error=error)
+    monkeypatch.setattr(stage, "_point", units)
+    with pytest.raises(error):
+        stage.run()
+    assert units.calls == 2
+    assert tree(tmp_path) == {**expected, "params.yaml": (ROOT / "params.yaml").read_bytes()}

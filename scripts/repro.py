@@ -20,25 +20,33 @@ The stages' MLflow runs form one execution (``BAYESAVG_EXECUTION``, which
 forked from one warm process (``tracking_forks``) instead of each importing
 mlflow anew: 2 s of CPU less per stage.
 
+Each stage runs in a session of its own: a signal to this script (a terminal's Ctrl-C,
+or SIGINT, SIGTERM, SIGHUP to its pid alone) is passed on once to each running stage's
+process group, which gets ``STOP_SECONDS`` to stop before it is killed.
+
 Usage: ``python scripts/repro.py [--jobs N] [--force] [STAGE ...]``: the stages named
-and their upstream (default: all). Exit code: the first failed stage's, else 0.
+and their upstream (default: all). Exit code: the first failed stage's, else 0; 128 +
+the signal's number when interrupted (130 for Ctrl-C, 143 for SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import psutil
 import stage_ledger
 import tracking_forks
 
@@ -50,12 +58,91 @@ from _execution import EXECUTION_ENV, described
 # ``dvc`` writing only each finished stage's entry of dvc.lock (the same bytes)
 DVC_LOCK = str(Path(__file__).resolve().with_name("dvc_lock.py"))
 
+# A signal's grace: the stages' ``finally`` blocks and tracked runs' ends (KILLED) run
+STOP_SECONDS = 30.0
+INTERRUPTED = (
+    "interrupted by {}: stages stopped; rerun to continue (finished stages are kept,"
+    " pretrain and fine-tuning resume from their last checkpoint)"
+)
+
 if TYPE_CHECKING:
     from dvc.repo import Repo
 
 
 class UnknownStage(Exception):
     """A stage named on the command line that dvc.yaml does not define."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (``args[0]``) raised as Ctrl-C is, so no ``except Exception`` swallows it."""
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP raise ``Interrupted`` while ``armed`` (one, so a clean-up
+    runs whole); one ignored from the start (``nohup``, a background job) stays so."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        self.previous = {signum: signal.getsignal(signum) for signum in caught}
+
+    def __enter__(self) -> Signals:
+        for signum, previous in self.previous.items():
+            if previous != signal.SIG_IGN:
+                signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.armed:
+            self.armed = False  # a second signal waits for the stop under way
+            raise Interrupted(signum)
+
+
+def _left(groups: set[int]) -> bool:
+    """Whether a process of ``groups`` runs (an orphan's zombie, which no init may reap, not)."""
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(pid) in groups and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+class Children:
+    """The stages' processes, each leading a session of its own: a terminal's Ctrl-C reaches
+    this script alone, and ``stop`` passes it, or any signal to us, once to their groups."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._stopping = False
+
+    def start(self, cmd: list[str], **popen: Any) -> subprocess.Popen[Any] | None:
+        """The stage's process; None once ``stop`` has begun (no stage starts after)."""
+        with self._lock:
+            if self._stopping:
+                return None
+            self._procs.append(subprocess.Popen(cmd, start_new_session=True, **popen))
+            return self._procs[-1]
+
+    def stop(self, signum: int, grace: float = STOP_SECONDS) -> None:
+        """Send ``signum`` to the running stages' groups, give them ``grace`` seconds to
+        end, then kill what is left (and wait 10 s at most: uninterruptible sleep)."""
+        with self._lock:
+            self._stopping = True
+            groups = {p.pid for p in self._procs if p.returncode is None}
+        for sent, seconds in ((signum, grace), (signal.SIGKILL, 10.0)):
+            for pgid in groups:
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, sent)
+            deadline = time.monotonic() + seconds
+            while (left := _left(groups)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not left:
+                return
 
 
 class Pipeline(NamedTuple):
@@ -173,7 +260,8 @@ def run(
     extra_env: Mapping[str, str] | None = None,
 ) -> int:
     """Run ``todo`` in dependency order, ``jobs`` at a time; return the exit code.
-    ``extra_env``: for the stages' environment (the tracking fork server's socket)."""
+    ``extra_env``: for the stages' environment (the tracking fork server's socket).
+    Interrupted, it stops the running stages' trees before it raises."""
     rank = priorities(upstream, seconds)
     order = {stage: i for i, stage in enumerate(upstream)}
     env = {**execution_env(jobs), **(extra_env or {})}
@@ -185,39 +273,51 @@ def run(
     running = 0
     failed: tuple[str, int] | None = None
     added: set[str] = set()
+    children = Children()
+    pumps: list[threading.Thread] = []
 
     def launch_stage(stage: str) -> None:
         started = time.monotonic()
         cmd = [sys.executable, DVC_LOCK, "--wait-for-lock", "repro", "--single-item"]
-        proc = subprocess.Popen(
+        proc = children.start(
             [*cmd, *(["--force"] if force else []), stage],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
         )
-        _pump(stage, proc, width, lock, added)
-        done.put((stage, proc.wait(), time.monotonic() - started))
+        if proc is not None:
+            _pump(stage, proc, width, lock, added)
+            done.put((stage, proc.wait(), time.monotonic() - started))
 
-    while waiting or running:
-        ready = [s for s in waiting if upstream[s] <= finished] if failed is None else []
-        ready.sort(key=lambda s: (-rank[s], order[s]))
-        for stage in ready[: jobs - running]:
-            waiting.discard(stage)
-            running += 1
-            threading.Thread(target=launch_stage, args=(stage,), daemon=True).start()
-        if not running:
-            break
-        stage, code, seconds = done.get()
-        running -= 1
-        ended = "finished" if code == 0 else f"failed (exit code {code})"
-        count = f"{len(todo) - len(waiting) - running} of {len(todo)}"
-        with lock:
-            print(f"{stage:<{width}} | {ended} in {seconds:.1f} s ({count})", flush=True)
-        if code == 0:
-            finished.add(stage)
-        elif failed is None:
-            failed = (stage, code)
+    try:
+        while waiting or running:
+            ready = [s for s in waiting if upstream[s] <= finished] if failed is None else []
+            ready.sort(key=lambda s: (-rank[s], order[s]))
+            for stage in ready[: jobs - running]:
+                waiting.discard(stage)
+                running += 1
+                pump = threading.Thread(target=launch_stage, args=(stage,), daemon=True)
+                pump.start()
+                pumps.append(pump)
+            if not running:
+                break
+            stage, code, seconds = done.get()
+            running -= 1
+            ended = "finished" if code == 0 else f"failed (exit code {code})"
+            count = f"{len(todo) - len(waiting) - running} of {len(todo)}"
+            with lock:
+                print(f"{stage:<{width}} | {ended} in {seconds:.1f} s ({count})", flush=True)
+            if code == 0:
+                finished.add(stage)
+            elif failed is None:
+                failed = (stage, code)
+    except Interrupted as err:
+        children.stop(err.args[0])
+        for pump in pumps:  # the stages' last lines: what they said on stopping
+            pump.join(timeout=1)
+        lock.acquire(timeout=5)  # and nothing after: the stages have stopped
+        raise
     if added:
         print(f"\nTo track the changes with git, run:\n\n\tgit add {' '.join(sorted(added))}")
     if failed is not None:
@@ -269,25 +369,32 @@ def main(argv: list[str] | None = None) -> int:
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
-    try:
-        with Repo() as repo:
-            upstream, hinted = load_graph(repo, args.stages)
-            todo = stale(repo, upstream, args.force)
-    except (UnknownStage, DvcException) as err:  # what `dvc repro` would stop at too
-        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 2
-    if not todo:
-        print("Data and pipelines are up to date.")
-        return 0
-    print(f"{len(todo)} of {len(upstream)} stages to check, {jobs} at a time", flush=True)
-    seconds = {**hinted, **last_seconds(Path.cwd())}
-    with tracking_forks.serving() as forked_workers:
-        return run(upstream, todo, jobs, args.force, seconds, forked_workers)
+    with Signals() as signals:
+        try:
+            try:
+                with Repo() as repo:
+                    upstream, hinted = load_graph(repo, args.stages)
+                    todo = stale(repo, upstream, args.force)
+            except (UnknownStage, DvcException) as err:  # what `dvc repro` would stop at too
+                print(f"error: {' '.join(str(err).split())}", file=sys.stderr)  # who holds a lock
+                return 2
+            if not todo:
+                print("Data and pipelines are up to date.")
+                return 0
+            print(f"{len(todo)} of {len(upstream)} stages to check, {jobs} at a time", flush=True)
+            seconds = {**hinted, **last_seconds(Path.cwd())}
+            with tracking_forks.serving() as forked_workers:
+                code = run(upstream, todo, jobs, args.force, seconds, forked_workers)
+                signals.armed = False  # the fork server's clean-up runs whole
+            return code
+        except Interrupted as err:
+            print(INTERRUPTED.format(signal.Signals(err.args[0]).name), file=sys.stderr)
+            return 128 + err.args[0]
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt:  # the stages' processes got the same Ctrl-C and stop
-        print("interrupted: rerun to continue (finished stages are kept)", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C before the handlers, while no stage runs yet
+        print(INTERRUPTED.format("SIGINT"), file=sys.stderr)
         sys.exit(130)

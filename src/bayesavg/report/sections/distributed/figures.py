@@ -243,7 +243,9 @@ CAPTIONS = {
         "Test NLL, accuracy and ECE of the FedAvg model, DSWA and DSWAG against the number of "
         "clients W (the DSWAG paper's Fig. 7). Each W is a separate run whose phase 1 stopped at "
         "the target or the round cap (see the rounds figure), so W also changes how long phase "
-        "1 ran."
+        "1 ran. One run per W and no intervals: the table's bold marks the best value of the "
+        "three at a W, not a difference beyond noise (one test image more or less moves the "
+        "accuracy by 1/n of the n test images)."
     ),
 }
 

@@ -79,6 +79,13 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT handled by default, as a command typed at a terminal has it: a test run
+    started in the background (``cmd &`` in a script ignores SIGINT in all it starts)
+    would pass the ignoring on, and repro.py keeps an ignored signal ignored (nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _started(
     repo: Path, short_tmp: Path, stages: str
 ) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
@@ -92,6 +99,7 @@ def _started(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
     )
     deadline = time.monotonic() + 120
     while not all((repo / f"{s}.pid").exists() for s in stages):

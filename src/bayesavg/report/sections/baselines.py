@@ -6,6 +6,8 @@ sampling adds, which is the paper's argument (marginalising within each basin)."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -88,6 +90,29 @@ def _verdict(found: Growth) -> bool | None:
     return True if found[1] > 0 else False if found[2] < 0 else None
 
 
+def _growth_claim(
+    statement: str,
+    ref: PredictorResult,
+    cand: PredictorResult,
+    unc: Uncertainty,
+    meaning: str,
+    more: Callable[[Growth], str],
+) -> Claim:
+    """A claim that ``cand``'s NLL advantage over ``ref`` grows under shift, decided by
+    the paired growth; ``more`` adds to the evidence from the growth found."""
+    found = shift_growth(ref, cand, (unc.settings.resamples, unc.settings.seed))
+    if found is None:
+        why = "no per-point shift predictions"
+        return Claim(MULTISWAG_PAPER, statement, None, why, "n/a (no shift predictions)")
+    _, _, _, n_shifts, n_points = found
+    number = f"gap growth {_growth_text(found)}"
+    evidence = (
+        f"NLL({ref.name}) - NLL({cand.name}) averaged over {n_shifts} shifts minus the same "
+        f"on the unshifted images, paired over {n_points} images: {number} ({meaning})."
+    )
+    return Claim(MULTISWAG_PAPER, statement, _verdict(found), evidence + more(found), number)
+
+
 def _shift_claim(inputs: ReportInputs, unc: Uncertainty) -> Claim | None:
     """The paper's comparison as stated (against the ensemble); its evidence says how much
     of the growth MultiSWA already shows without sampling."""
@@ -95,37 +120,24 @@ def _shift_claim(inputs: ReportInputs, unc: Uncertainty) -> Claim | None:
     cand, ref = (by_name.get(n) for n in MULTISWAG)
     if cand is None or ref is None:
         return None
-    statement = "MultiSWAG's NLL advantage over the deep ensemble grows under shift"
-    boot = (unc.settings.resamples, unc.settings.seed)
-    found = shift_growth(ref, cand, boot)
-    if found is None:
-        return Claim(
-            MULTISWAG_PAPER,
-            statement,
-            None,
-            "no per-point shift predictions",
-            "n/a (no shift predictions)",
-        )
-    _, _, _, n_shifts, n_points = found
-    number = f"gap growth {_growth_text(found)}"
-    evidence = (
-        f"NLL(ensemble) - NLL(multiswag) averaged over {n_shifts} shifts minus the same on "
-        f"the unshifted images, paired over {n_points} images: {number}"
-        " (positive: the advantage grows)."
-    )
     multiswa = by_name.get(MULTISWA)
+    boot = (unc.settings.resamples, unc.settings.seed)
     without = shift_growth(ref, multiswa, boot) if multiswa is not None else None
-    if without is None:
-        evidence += (
-            " No multiswa with shift predictions: how much of it comes without sampling is unknown."
-        )
-    else:
-        share = f" ({100 * without[0] / found[0]:.0f}% of it)" if found[0] > 0 else ""
-        evidence += (
-            f" Of it, {_growth_text(without)}{share} comes without sampling (multiswa, the "
+
+    def share(found: Growth) -> str:
+        if without is None:
+            return (
+                " No multiswa with shift predictions: how much of it comes without sampling "
+                "is unknown."
+            )
+        part = f" ({100 * without[0] / found[0]:.0f}% of it)" if found[0] > 0 else ""
+        return (
+            f" Of it, {_growth_text(without)}{part} comes without sampling (multiswa, the "
             "members' SWA means, against the ensemble); see the sampling's own claim."
         )
-    return Claim(MULTISWAG_PAPER, statement, _verdict(found), evidence, number)
+
+    statement = "MultiSWAG's NLL advantage over the deep ensemble grows under shift"
+    return _growth_claim(statement, ref, cand, unc, "positive: the advantage grows", share)
 
 
 def _sampling_claim(inputs: ReportInputs, unc: Uncertainty) -> Claim | None:
@@ -135,36 +147,25 @@ def _sampling_claim(inputs: ReportInputs, unc: Uncertainty) -> Claim | None:
     cand, ref = by_name.get(MULTISWAG[0]), by_name.get(MULTISWA)
     if cand is None or ref is None:
         return None
+    ensemble = by_name.get(MULTISWAG[1])
+    boot = (unc.settings.resamples, unc.settings.seed)
+    total = shift_growth(ensemble, cand, boot) if ensemble is not None else None
+    without = shift_growth(ensemble, ref, boot) if ensemble is not None else None
+
+    def against_ensemble(found: Growth) -> str:
+        if total is None or without is None:
+            return ""
+        return (
+            f" Against the ensemble: multiswag {_growth_text(total)}, of which multiswa "
+            f"{_growth_text(without)} without any sampling."
+        )
+
     statement = (
         "MultiSWAG's sampling adds to its NLL advantage under shift beyond MultiSWA's "
         "(the same members' SWA means, no sampling)"
     )
-    boot = (unc.settings.resamples, unc.settings.seed)
-    found = shift_growth(ref, cand, boot)
-    if found is None:
-        return Claim(
-            MULTISWAG_PAPER,
-            statement,
-            None,
-            "no per-point shift predictions",
-            "n/a (no shift predictions)",
-        )
-    _, _, _, n_shifts, n_points = found
-    number = f"gap growth {_growth_text(found)}"
-    evidence = (
-        f"NLL(multiswa) - NLL(multiswag) averaged over {n_shifts} shifts minus the same on "
-        f"the unshifted images, paired over {n_points} images: {number} (positive: sampling "
-        "within each member's SWAG posterior adds to the growth)."
-    )
-    ensemble = by_name.get(MULTISWAG[1])
-    total = shift_growth(ensemble, cand, boot) if ensemble is not None else None
-    without = shift_growth(ensemble, ref, boot) if ensemble is not None else None
-    if total is not None and without is not None:
-        evidence += (
-            f" Against the ensemble: multiswag {_growth_text(total)}, of which multiswa "
-            f"{_growth_text(without)} without any sampling."
-        )
-    return Claim(MULTISWAG_PAPER, statement, _verdict(found), evidence, number)
+    meaning = "positive: sampling within each member's SWAG posterior adds to the growth"
+    return _growth_claim(statement, ref, cand, unc, meaning, against_ensemble)
 
 
 def claims(inputs: ReportInputs, unc: Uncertainty) -> list[Claim]:

@@ -38,10 +38,14 @@ def _stage(name: str, *others: str, deps: tuple[str, ...] = ()) -> dict[str, obj
     }
 
 
-def _toy(tmp_path: Path, stages: dict[str, dict[str, object]]) -> Path:
+def _toy(
+    tmp_path: Path, stages: dict[str, dict[str, object]], files: dict[str, str] | None = None
+) -> Path:
+    """A committed DVC repo of ``stages`` and the scripts they run (``files``)."""
     repo = tmp_path / "toy"
     repo.mkdir()
-    (repo / "waiter.py").write_text(WAITER)
+    for name, text in (files or {"waiter.py": WAITER}).items():
+        (repo / name).write_text(text)
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     sh(repo, "git", "init", "-q")
     sh(repo, DVC, "init", "-q")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
-from pipeline_repo import DVC, ROOT, env, sh
+from pipeline_repo import ROOT, env, sh
+from test_repro_parallel import _toy as toy_repo
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -46,15 +46,7 @@ MESSAGE = ": stages stopped; rerun to continue (finished stages are kept"
 
 
 def _toy(tmp_path: Path, stages: dict[str, dict[str, object]]) -> Path:
-    repo = tmp_path / "toy"
-    repo.mkdir()
-    (repo / "slow.py").write_text(SLOW)
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
-    sh(repo, "git", "init", "-q")
-    sh(repo, DVC, "init", "-q")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "commit", "-qm", "toy")
-    return repo
+    return toy_repo(tmp_path, stages, {"slow.py": SLOW})
 
 
 def _slow(name: str) -> dict[str, object]:

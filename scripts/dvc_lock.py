@@ -22,7 +22,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,7 +147,33 @@ def install() -> bool:
     return True
 
 
+ORPHAN_POLL_S = 0.5  # how often a stage's dvc looks whether its parent is still there
+
+
+def stop_with_parent() -> None:
+    """Stop this ``dvc`` and its stage when the process that started it dies.
+
+    ``scripts/repro.py`` runs each stage in a session of its own (a signal it gets is
+    passed on once), so a SIGKILL of repro.py's process group (a time box, a
+    supervisor) would not reach the stage, which would go on as an orphan. A thread
+    watches the parent; once this process is orphaned it sends SIGTERM to its own
+    process group, the stage's tree and itself, which stop as on any SIGTERM. (Not
+    Linux's parent-death signal: it fires when the parent's *thread* ends, and
+    repro.py starts stages from threads.)
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_POLL_S)
+        os.killpg(0, signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
+
+
 if __name__ == "__main__":
+    stop_with_parent()
     install()
     from dvc.cli import main
 

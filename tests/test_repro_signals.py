@@ -140,6 +140,30 @@ def test_a_signal_stops_every_stage_s_whole_tree_once(
                 p.kill()
 
 
+def test_a_sigkill_of_repro_s_group_still_stops_the_stages(tmp_path: Path, short_tmp: Path) -> None:
+    """A time box or a supervisor killing repro.py's process group outright (SIGKILL: no
+    handler runs) misses the stages, which run in sessions of their own; each stage's
+    ``dvc`` (scripts/dvc_lock.py) sees it was orphaned and passes SIGTERM on to its
+    stage's tree."""
+    repo = _toy(tmp_path, {"a": _slow("a"), "b": _slow("b")})
+    proc, tree = _started(repo, short_tmp, "ab")
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [p for p in tree if _alive(p)]
+        assert not left, [p.cmdline() for p in left]
+        for s in "ab":  # the stage stopped on SIGTERM, before writing anything
+            assert (repo / f"{s}.signals").read_text().split() == [str(int(signal.SIGTERM))]
+            assert not (repo / f"{s}.txt").exists() and not (repo / f"{s}.late").exists()
+    finally:
+        for p in tree:
+            if _alive(p):
+                p.kill()
+
+
 # A child that starts a grandchild, both ignoring SIGINT and waiting for minutes.
 STUBBORN = (
     "import signal, subprocess, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"

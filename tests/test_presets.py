@@ -179,7 +179,7 @@ def tiny(raw: dict[str, Any], images: Path, ood: Path) -> dict[str, Any]:
     land["rays"].update(directions=1, distances={"start": 0.0, "stop": 4.0, "points": 3})
     land["swag"].update(offsets={"start": -1.0, "stop": 1.0, "points": 3}, sigma_draws=1)
     land["swag"]["sigma_multiples"] = [0.0, 1.0]
-    raw["report"]["bootstrap"]["resamples"] = 100
+    raw["report"]["bootstrap"]["resamples"] = 1000
     return raw
 
 

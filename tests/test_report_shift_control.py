@@ -247,3 +247,18 @@ def test_the_shift_sentence_names_a_dip_between_the_ends(dip: bool) -> None:
     assert f"falls from 97.0% at {rotations[0][0]:g}° to 37.0% at {rotations[-1][0]:g}°" in text
     assert (f", through 8.0% at {middle_angle:g}°" in text) is dip
     assert ("through" in text) is dip
+
+
+def test_single_networks_alone_draw_no_gap_figure_and_build() -> None:
+    """A run whose only predictor besides the baseline is its temperature-scaled twin
+    (the control): its gap is measured, but no family panel holds it, so there is no
+    figure, and the section still builds (it divided by zero)."""
+    from bayesavg.report.sections.shift import figures
+
+    inputs = fixture._with_control(fixture._inputs(), 0.01)
+    singles = [p for p in inputs.predictors if p.name in ("map", "map_ts")]
+    inputs = dataclasses.replace(inputs, predictors=singles)
+    gaps = shift._shift_gaps(inputs)
+    assert gaps and not any(g.bayesian for g in gaps)
+    assert figures.shift_gap_figure(inputs, gaps) is None
+    assert shift.build(inputs, compute(inputs)).blocks

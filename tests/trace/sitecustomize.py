@@ -18,9 +18,11 @@ _TRACE_DIR = os.environ.get("BAYESAVG_TRACE_DIR")
 if _TRACE_DIR:
     import atexit
     import json
+    import re
     import sys
 
     _read: set[str] = set()
+    _ATOMIC_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
     _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
 
     def _audit(event: str, args: tuple) -> None:
@@ -31,7 +33,14 @@ if _TRACE_DIR:
             return  # an open file descriptor
         writes = any(c in mode for c in "wax+") if isinstance(mode, str) else False
         if not writes and not (isinstance(flags, int) and flags & _WRITE_FLAGS):
-            _read.add(os.path.abspath(os.fsdecode(path)))
+            name = os.path.abspath(os.fsdecode(path))
+            # An atomic write's fsync reopens its own temp file and the folder it is
+            # renamed into (runtime/io.py): writes, not reads of an input.
+            if isinstance(flags, int) and flags & os.O_DIRECTORY:
+                return
+            if _ATOMIC_TEMP.fullmatch(os.path.basename(name)):
+                return
+            _read.add(name)
 
     def _dump() -> None:
         modules = {  # torch registers pseudo-modules whose __file__ is a bare name

@@ -82,6 +82,8 @@ def shift_gap_figure(inputs: ReportInputs, gaps: list[ShiftGap]) -> Figure | Non
         for t, ps in style.families(inputs).items()
     }
     groups = {t: gs for t, gs in groups.items() if gs}
+    if not groups:  # single networks only (map_ts, swa): no family panel to draw
+        return None
     colours = style.colours(inputs)
     predictors = {p.name: p for p in inputs.predictors}
     cols = min(3, len(groups))

@@ -4,6 +4,7 @@ to the baseline with its intervals; each a bare ``Figure`` (None without data)."
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -68,6 +69,13 @@ def _errors(g: ShiftGap) -> list[list[float]] | None:
     ]
 
 
+def _gap_line(ax: Any, g: ShiftGap, marker: str, label: str, **style_kw: Any) -> None:
+    """One predictor's gap against angle, with its interval bars."""
+    ax.errorbar(
+        g.angles, g.gap, yerr=_errors(g), marker=marker, ms=3, capsize=2, label=label, **style_kw
+    )
+
+
 def shift_gap_figure(inputs: ReportInputs, gaps: list[ShiftGap]) -> Figure | None:
     """NLL(baseline) - NLL(predictor) against angle with 95% paired-bootstrap bars, a panel
     per family, the temperature-scaled baseline (the control) in every panel."""
@@ -92,29 +100,11 @@ def shift_gap_figure(inputs: ReportInputs, gaps: list[ShiftGap]) -> Figure | Non
     axes = style.series_axes(fig, rows, cols, width=4.2, height=2.8).ravel()
     for ax, (title, gs) in zip(axes, groups.items(), strict=False):
         if control is not None:
-            ax.errorbar(
-                control.angles,
-                control.gap,
-                yerr=_errors(control),
-                marker="s",
-                ms=3,
-                capsize=2,
-                color=style.BASELINE_COLOUR,
-                linestyle="--",
-                label=f"{control.predictor} (control)",
-            )
+            label = f"{control.predictor} (control)"
+            _gap_line(ax, control, "s", label, color=style.BASELINE_COLOUR, linestyle="--")
         for g in gs:
             kw = style.line_style(predictors[g.predictor], inputs, colours)
-            ax.errorbar(
-                g.angles,
-                g.gap,
-                yerr=_errors(g),
-                marker="o",
-                ms=3,
-                capsize=2,
-                label=g.predictor,
-                **kw,
-            )
+            _gap_line(ax, g, "o", g.predictor, **kw)
         ax.axhline(0.0, color="k", linewidth=0.8)
         ax.set_title(title, fontsize="medium")
         ax.set_xticks([0, 45, 90, 135, 180])

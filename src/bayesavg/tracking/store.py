@@ -11,6 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from . import orphans
 from .mlflow_run import EXECUTION_TAG, OUTPUT_TAG, PARENT_TAG, Run, store_client
 from .serialized import serialized
 
@@ -96,21 +97,33 @@ def open_run(
     tag key there, not in ``log_batch``. A reopened run (a stage resumed
     from its checkpoint logs into the run it started) has its tags already.
     ``start_time``: the run's start in ms since the epoch (default: now).
+
+    The run names this process as the one that ends it (``orphans.OWNER_TAG``); the
+    first run a process opens in an experiment ends the runs there whose process
+    is gone without ending them (``orphans.sweep``).
     """
     client = store_client(tracking_uri)
     exp_id = _experiment_id(client, experiment, artifact_location, tracking_uri)
+    if (tracking_uri, exp_id) not in _SWEPT:
+        _SWEPT.add((tracking_uri, exp_id))
+        swept = orphans.sweep(client, exp_id, tracking_uri)
+        if swept:
+            log.warning("ended KILLED %d run(s) whose process was gone: %s", len(swept), swept)
     parent_id = None
     if parent:
         with serialized(tracking_uri, parent["key"]):
             parent_id = _parent_run(client, exp_id, parent, tags or {})
     run = _resumed(client, resume, exp_id, tracking_uri) if resume else None
     if run is not None:
-        client.update_run(run.run_id, status="RUNNING")
+        with serialized(tracking_uri, run.run_id):  # the lock ``orphans.sweep`` checks under
+            client.set_tag(run.run_id, orphans.OWNER_TAG, orphans.owner())
+            client.update_run(run.run_id, status="RUNNING")
         if parent_id is not None:
             client.set_tag(run.run_id, PARENT_TAG, parent_id)
         log.info("MLflow run %s (%s) resumed in %s", run.run_id, run_name, tracking_uri)
         return run
     tags = {**(tags or {}), **_upstream(client, exp_id, inputs or {})}
+    tags[orphans.OWNER_TAG] = orphans.owner()
     if parent_id is not None:
         tags[PARENT_TAG] = parent_id
     mlflow_run = client.create_run(exp_id, start_time=start_time, run_name=run_name, tags=tags)
@@ -118,6 +131,8 @@ def open_run(
     log.info("MLflow run %s (%s) in %s", run.run_id, run_name, tracking_uri)
     return run
 
+
+_SWEPT: set[tuple[str, str]] = set()  # (store, experiment) this process has swept
 
 _SOURCE_TAGS = (
     "mlflow.source.name",
@@ -139,13 +154,18 @@ def _parent_run(
     if found:
         # A unit of the execution ended it FINISHED; another starting runs it again (a
         # stage that failed or was killed keeps that status visible until the end).
+        # The last stage to start owns a running parent (``orphans``).
+        if found[0].info.status in ("FINISHED", "RUNNING"):
+            client.set_tag(found[0].info.run_id, orphans.OWNER_TAG, orphans.owner())
         if found[0].info.status == "FINISHED":
             client.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
     own = {k: tags[k] for k in _SOURCE_TAGS if k in tags}
     extra = {k: v for k, v in parent.items() if k not in ("key", "name")}
     run = client.create_run(
-        experiment_id, run_name=parent["name"], tags={EXECUTION_TAG: key, **own, **extra}
+        experiment_id,
+        run_name=parent["name"],
+        tags={EXECUTION_TAG: key, orphans.OWNER_TAG: orphans.owner(), **own, **extra},
     )
     return run.info.run_id
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,6 +107,46 @@ def test_a_path_inside_another_listed_is_covered_by_it(tmp_path: Path) -> None:
         (tmp_path / "out" / "x.json").write_text("new\n")
         raise RuntimeError
     assert tree(tmp_path) == before
+
+
+def _killed_writer(root: Path, units: list[str]) -> None:
+    """A writer SIGKILLed part-way (no roll-back runs): a forked child that writes the
+    first unit inside ``all_or_nothing`` and kills itself."""
+    pid = os.fork()
+    if pid == 0:  # the child: file operations only, then gone without a word
+        with all_or_nothing(outputs(root, units)):
+            write_units(root, units[:1], fail_at=None, error=RuntimeError)
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_killed_writer_s_set_is_rolled_back_by_the_next(tmp_path: Path, kills: int) -> None:
+    """A SIGKILL leaves the old contents aside and the killed body's files in place; the
+    next writer puts the old set back first, so failing it leaves the old set, and
+    succeeding it leaves its own, with nothing aside either way."""
+    bystanders(tmp_path)
+    units = ["a", "b", "c"]
+    write_units(tmp_path, units, fail_at=None, error=RuntimeError)
+    for path in tmp_path.rglob("*.*"):
+        path.write_text(f"old {path.name}\n")
+    before = tree(tmp_path)
+    for _ in range(kills):
+        _killed_writer(tmp_path, units)
+    assert list(tmp_path.rglob(".*.old")) and tree(tmp_path) != before
+    with pytest.raises(RuntimeError), all_or_nothing(outputs(tmp_path, units)):
+        write_units(tmp_path, units, fail_at=2, error=RuntimeError)
+    assert tree(tmp_path) == before
+    _killed_writer(tmp_path, units)
+    with all_or_nothing(outputs(tmp_path, units)):
+        write_units(tmp_path, units, fail_at=None, error=RuntimeError)
+    direct = tmp_path / "direct"
+    bystanders(direct)
+    write_units(direct, units, fail_at=None, error=RuntimeError)
+    got = {k: v for k, v in tree(tmp_path).items() if not k.startswith("direct")}
+    bystanders_now = {k: before[k] for k in ("notes.txt", "summaries/other.json")}
+    assert got == tree(direct) | bystanders_now
+    assert not list(tmp_path.rglob(".*.old"))
 
 
 # The stages, called in-process in a scratch folder holding params.yaml, with their units

@@ -15,12 +15,18 @@ the end, because a path may be handed to another process that reads it later
 would be gone by then. The price: while the body runs, a reader sees the new
 set growing, as it would without this. The old contents wait beside each path
 (``.<name>.<random>.old``) on the same file system, so moving them is a rename.
+
+A SIGKILL leaves no chance to roll back: the old contents stay aside and the paths
+hold what the body had written. The next ``all_or_nothing`` over a path finishes
+that roll-back first (``_finish_killed``), so the old contents are what it then
+moves aside, and what it puts back if it fails too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -42,6 +48,7 @@ def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
     created: set[Path] = set()  # missing parent folders, which the body may create
     try:
         for path in targets:
+            _finish_killed(path)
             created.update(_missing_parents(path))
             if os.path.lexists(path):
                 prefix = f".{path.name}."
@@ -55,6 +62,24 @@ def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
         raise
     for _, aside in moved:
         _remove(aside)
+
+
+def _finish_killed(path: Path) -> None:
+    """Put back what a killed ``all_or_nothing`` over ``path`` had moved aside, removing
+    what its body wrote; asides of killed runs before that one (which held a killed
+    body's writes) go. ``mkdtemp`` names them ``.<name>.<8 of [a-z0-9_]>.old``."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.old")
+    with contextlib.suppress(FileNotFoundError):
+        stale = [e for e in os.scandir(path.parent) if pattern.fullmatch(e.name) and e.is_dir()]
+        stale.sort(key=lambda e: e.stat().st_mtime_ns)
+        restored = False
+        for entry in stale:  # the first that holds the path holds what was there first
+            kept = Path(entry.path) / path.name
+            if not restored and os.path.lexists(kept):
+                _remove(path)
+                os.rename(kept, path)
+                restored = True
+            _remove(Path(entry.path))
 
 
 def _outermost(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:

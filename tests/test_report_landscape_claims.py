@@ -133,8 +133,12 @@ def _ray(traj: str, widths: list[float | None], centre: str = "weights") -> RayD
     return RayData(traj, centre, rows, widths, 0.1, False)
 
 
-def _predictor(name: str, method: str, traj: str, trace: float, sam: float) -> PredictorResult:
+def _predictor(
+    name: str, method: str, traj: str, trace: float, sam: float, trace_se: float | None = None
+) -> PredictorResult:
     metrics = {"hessian_trace": trace, "sharpness": sam, "nll": 0.1}
+    if trace_se is not None:
+        metrics["hessian_trace_se"] = trace_se
     return PredictorResult(name, method, traj, 1.0, metrics, [], [])
 
 
@@ -240,3 +244,45 @@ def test_measures_without_both_centres_change_nothing() -> None:
     claim = _width_claim([10.0] * 5, [14.0] * 5, only_one)
     assert claim.holds is True
     assert "No tr(H) or SAM sharpness" in claim.evidence
+
+
+@pytest.mark.parametrize(("se", "mixed"), [(0.5, True), (1.2, False)])
+def test_a_trace_difference_within_its_probe_noise_does_not_overrule_the_rays(
+    se: float, mixed: bool
+) -> None:
+    """tr(H) 5 vs 2 with standard errors se each: the noise is 2 * sqrt(2) * se, so
+    0.5 (1.41) leaves a difference of 3 standing and 1.2 (3.39) swallows it."""
+    sharper = [
+        _predictor("map", "map", "sgd", 2.0, 0.002, trace_se=se),
+        _predictor("swa", "swa", "swag", 5.0, 0.001, trace_se=se),
+    ]
+    claim = _width_claim([10.0] * 5, [14.0] * 5, sharper)
+    assert f"tr(H) 5 ± {se:.2g} (swag) vs 2 ± {se:.2g} (sgd)" in claim.evidence
+    assert "beyond 2 standard errors of its probes" in claim.evidence
+    if mixed:
+        assert claim.holds is None and "tr(H) sharper" in claim.number
+    else:
+        assert (
+            claim.holds is True and "within probe noise (2 standard errors: 3.4)" in claim.evidence
+        )
+
+
+def test_a_measure_s_standard_error_comes_from_the_centre_s_predictor() -> None:
+    predictors = [_predictor("swa", "swa", "swag", 7.0, 0.7, trace_se=0.25)]
+    found = measures.centre_sharpness(predictors, _ray("swag", [1.0], "snapshot_mean"))
+    assert found == {"hessian_trace": 7.0, "hessian_trace_se": 0.25, "sharpness": 0.7}
+
+
+def test_the_geometry_table_gives_tr_h_with_its_standard_error() -> None:
+    from bayesavg.report.sections.metrics import geometry_table
+
+    table = geometry_table(
+        [
+            _predictor("swa", "swa", "swag", 1234.5, 0.7, trace_se=56.0),
+            _predictor("map", "map", "sgd", 2.0, 0.001),  # probes: 1, no error
+            PredictorResult("none", "map", "sgd", 1.0, {"nll": 0.1}, [], []),
+        ]
+    )
+    assert table is not None
+    rows = [[c.text for c in row] for row in table.rows]
+    assert rows == [["swa", "0.7000", "1234 ± 56"], ["map", "0.0010", "2"]]

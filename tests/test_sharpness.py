@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, hessian
 
-from bayesavg.evaluation.sharpness import hessian_trace, sam_sharpness
+from bayesavg.evaluation.sharpness import hessian_trace, hessian_trace_probes, sam_sharpness
 
 
 def _setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -135,3 +135,71 @@ def test_batches_change_only_the_order_of_a_sum() -> None:
 
     assert trace(1000) == trace(20)
     assert abs(trace(3) - trace(20)) < 1e-10 * abs(trace(20))
+
+
+def test_each_probe_is_v_h_v_and_the_standard_error_is_their_spread() -> None:
+    """Per probe, v^T H v with the full Hessian and the Rademacher v the generator gives
+    (drawn per probe, per parameter); the evaluation's tr(H) is their mean and its
+    standard error their standard deviation over sqrt(probes)."""
+    model, x, y = _setup()
+    h = _full_hessian(model, x, y)
+    gen = torch.Generator().manual_seed(3)
+    got = hessian_trace_probes(model, x, y, probes=4, generator=gen, batch_size=7)
+    draw = torch.Generator().manual_seed(3)
+    expected = []
+    for _ in range(4):
+        v = torch.cat(
+            [
+                torch.randint(0, 2, p.shape, generator=draw).flatten() * 2 - 1
+                for p in model.parameters()
+            ]
+        ).double()
+        expected.append(v @ h @ v)
+    torch.testing.assert_close(got, torch.stack(expected), rtol=1e-10, atol=1e-12)
+    assert got.std().item() > 0, "the probes differ, so the estimate has an error"
+
+
+def test_centre_sharpness_reports_the_trace_s_standard_error() -> None:
+    """One centre: the SE over the probes; an ensemble's mean of m traces: the root sum
+    of their squared SEs over m. With one probe there is none to give."""
+    from bayesavg.evaluation import evaluate as ev
+
+    model, x, y = _setup()
+
+    def measured(members: int, probes: int) -> dict[str, float]:
+        fake = _FakePosterior(model, members)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ev, "centres", lambda post, method: [(i, None) for i in range(members)])
+            mp.setattr(ev, "center_model", lambda post, theta, *a: fake.member(theta))
+            return ev.centre_sharpness(
+                fake, "swa", x, y, bn_x=None, rho=0.1, probes=probes, seed=5, device="cpu"
+            )
+
+    gen = torch.Generator().manual_seed(5)
+    one = hessian_trace_probes(model, x, y, probes=6, generator=gen)
+    found = measured(1, 6)
+    assert found["hessian_trace"] == one.mean().item()
+    assert found["hessian_trace_se"] == pytest.approx(one.std().item() / 6**0.5, rel=1e-12)
+    gen = torch.Generator().manual_seed(5)
+    first = hessian_trace_probes(_FakePosterior(model, 2).member(0), x, y, 6, gen)
+    second = hessian_trace_probes(_FakePosterior(model, 2).member(1), x, y, 6, gen)
+    ses = [t.std().item() / 6**0.5 for t in (first, second)]
+    pair = measured(2, 6)
+    assert pair["hessian_trace_se"] == pytest.approx((ses[0] ** 2 + ses[1] ** 2) ** 0.5 / 2)
+    assert "hessian_trace_se" not in measured(1, 1)
+
+
+class _FakePosterior:
+    """Members: the model with its weights scaled by 1 + member / 2 (distinct Hessians)."""
+
+    def __init__(self, model: nn.Module, members: int) -> None:
+        self.model, self.members = model, members
+
+    def member(self, index: int) -> nn.Module:
+        import copy
+
+        found = copy.deepcopy(self.model)
+        with torch.no_grad():
+            for p in found.parameters():
+                p.mul_(1 + index / 2)
+        return found

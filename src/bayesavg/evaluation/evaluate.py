@@ -42,7 +42,7 @@ from ..training.precision import Precision
 from .calibrated import calibrated_nll
 from .metrics import Reliability, classification_metrics, protocol_metrics, reliability
 from .ood import OODAccumulator, ood_metrics
-from .sharpness import hessian_trace, sam_sharpness
+from .sharpness import hessian_trace_probes, sam_sharpness
 
 log = logging.getLogger(__name__)
 
@@ -365,19 +365,19 @@ def centre_sharpness(
     device: torch.device | str,
     batch_size: int = 1000,
 ) -> dict[str, float]:
-    """Sharpness of the training loss (model-ready ``x``, labels ``y``) at the centre(s)."""
+    """Sharpness of the training loss (model-ready ``x``, labels ``y``) at the centre(s),
+    averaged over them; ``hessian_trace_se`` is tr(H)'s standard error over the probes
+    (absent with one probe), so a difference of two traces can be told from probe noise."""
     y = y.to(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    values = []
+    sam, traces, variances = [], [], []
     for theta, buffers in centres(posterior, method_of(method)):
         model = center_model(posterior, theta, buffers, bn_x, device, batch_size)
-        values.append(
-            (
-                sam_sharpness(model, x, y, rho, batch_size),
-                hessian_trace(model, x, y, probes, gen, batch_size),
-            )
-        )
-    return {
-        "sharpness": sum(v[0] for v in values) / len(values),
-        "hessian_trace": sum(v[1] for v in values) / len(values),
-    }
+        sam.append(sam_sharpness(model, x, y, rho, batch_size))
+        found = hessian_trace_probes(model, x, y, probes, gen, batch_size)
+        traces.append(found.mean().item())
+        if probes > 1:
+            variances.append(found.double().var().item() / probes)
+    m = len(traces)
+    found_se = {"hessian_trace_se": math.sqrt(sum(variances)) / m} if probes > 1 else {}
+    return {"sharpness": sum(sam) / m, "hessian_trace": sum(traces) / m, **found_se}

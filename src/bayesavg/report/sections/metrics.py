@@ -38,7 +38,8 @@ def _scale(p: PredictorResult) -> str:
 GEOMETRY_NOTE = (
     "Sharpness (the SAM loss increase) and the Hessian trace tr(H) of each predictor's "
     "weights: properties of the network, not averages over test points, so they carry no "
-    "bootstrap interval."
+    "bootstrap interval. tr(H) is Hutchinson's estimate, the mean of v^T H v over a few "
+    "random sign vectors v; ± is its standard error over them (the estimate's own noise)."
 )
 
 
@@ -88,17 +89,24 @@ def metrics_note(predictors: list[PredictorResult], unc: Uncertainty) -> str:
 
 
 def geometry_table(predictors: list[PredictorResult]) -> Table | None:
-    """Sharpness and tr(H): properties of the weights, not of test points, so no interval."""
-    keys = (("sharpness", "Sharpness (SAM)", ".4f"), ("hessian_trace", "tr(H)", ".4g"))
+    """Sharpness and tr(H): properties of the weights, not of test points, so no interval;
+    tr(H) with its standard error over Hutchinson's probes where there is one."""
     rows = [
-        [
-            Cell(p.name),
-            *(Cell(format(v, f) if math.isfinite(v := p.metric(k)) else "n/a") for k, _, f in keys),
-        ]
+        [Cell(p.name), Cell(fmt_or_na(p.metric("sharpness"), ".4f")), _trace_cell(p)]
         for p in predictors
-        if any(math.isfinite(p.metric(k)) for k, _, _ in keys)
+        if math.isfinite(p.metric("sharpness")) or math.isfinite(p.metric("hessian_trace"))
     ]
-    return Table(["Predictor", *(h for _, h, _ in keys)], rows) if rows else None
+    return Table(["Predictor", "Sharpness (SAM)", "tr(H)"], rows) if rows else None
+
+
+def _trace_cell(p: PredictorResult) -> Cell:
+    value, se = p.metric("hessian_trace"), p.metric("hessian_trace_se")
+    text = fmt_or_na(value, ".4g")
+    return Cell(f"{text} ± {se:.2g}" if math.isfinite(value) and math.isfinite(se) else text)
+
+
+def fmt_or_na(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "n/a"
 
 
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:

@@ -27,6 +27,7 @@ from ...uncertainty import Uncertainty
 from . import figures
 from .measures import (
     ASYMMETRY,
+    NOISE_SE,
     PAPER_FLAT_MULTIPLE,
     SIGN_TEST_P,
     LineAsymmetry,
@@ -116,11 +117,21 @@ def _sharpness_text(c: WidthComparison, checks: list[SharpnessCheck]) -> str:
     if not checks:
         return " No tr(H) or SAM sharpness was measured at both centres."
     parts = [
-        f"{k.label} {k.wide:.4g} ({c.wide}) vs {k.narrow:.4g} ({c.narrow}): {c.wide} "
-        + {True: "flatter", False: "sharper", None: "equal"}[k.wide_flatter]
+        f"{k.label} {_with_se(k.wide, k.wide_se)} ({c.wide}) vs "
+        f"{_with_se(k.narrow, k.narrow_se)} ({c.narrow}): " + _sharpness_verdict(c, k)
         for k in checks
     ]
     return " At the same centres " + "; ".join(parts) + "."
+
+
+def _with_se(value: float, se: float) -> str:
+    return f"{value:.4g} ± {se:.2g}" if se > 0 else f"{value:.4g}"
+
+
+def _sharpness_verdict(c: WidthComparison, k: SharpnessCheck) -> str:
+    if k.wide_flatter is None and k.wide != k.narrow:
+        return f"the same within probe noise ({NOISE_SE:g} standard errors: {k.noise:.2g})"
+    return f"{c.wide} " + {True: "flatter", False: "sharper", None: "equal"}[k.wide_flatter]
 
 
 def _width_claim(
@@ -141,7 +152,8 @@ def _width_claim(
         f"{_sharpness_text(c, checks)} Rule: holds if wider by at least one grid step in "
         f"most directions with sign test p < {SIGN_TEST_P:g} (at least 5 directions all one "
         "way), does not hold if narrower likewise, else undecided; mixed (undecided) when "
-        "tr(H) or the SAM sharpness at the same centres points the other way."
+        "tr(H) or the SAM sharpness at the same centres points the other way (tr(H) beyond "
+        f"{NOISE_SE:g} standard errors of its probes)."
     )
     counts = f"wider in {c.wider}, narrower in {c.narrower} of {c.directions} (p {p:.3g})"
     undecided = f"undecided ({c.directions} directions): {counts}"

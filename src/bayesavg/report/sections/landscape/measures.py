@@ -238,45 +238,65 @@ def compare_widths(
 
 
 SHARPNESS_MEASURES = (("hessian_trace", "tr(H)"), ("sharpness", "SAM sharpness"))
+NOISE_SE = 2.0  # a tr(H) difference within this many standard errors is probe noise
 
 
 def centre_sharpness(predictors: list[PredictorResult], ray: RayData) -> dict[str, float]:
     """tr(H) and SAM sharpness measured at the ray's own centre: by a predictor of the
     ray's trajectory whose method measures sharpness at that centre (swa at the snapshot
-    mean, map at the weights), so both describe the network the rays start from."""
+    mean, map at the weights), so both describe the network the rays start from; with
+    ``<measure>_se``, its standard error, where the predictor has one (tr(H)'s probes)."""
     found = {}
     for key, _ in SHARPNESS_MEASURES:
-        values = [
-            p.metric(key)
+        at_centre = [
+            p
             for p in predictors
             if p.trajectory == ray.trajectory
             and p.method in REGISTRY
             and REGISTRY[p.method].centre == ray.centre
             and 0 < p.metric(key) < math.inf
         ]
-        if values:
-            found[key] = values[0]
+        if at_centre:
+            found[key] = at_centre[0].metric(key)
+            if math.isfinite(se := at_centre[0].metric(f"{key}_se")):
+                found[f"{key}_se"] = se
     return found
 
 
 @dataclass(frozen=True)
 class SharpnessCheck:
-    """One sharpness measure at both centres of a width comparison."""
+    """One sharpness measure at both centres of a width comparison, with the standard
+    errors of the two values where the measure has them (else 0: taken as exact)."""
 
     label: str
     narrow: float
     wide: float
+    narrow_se: float = 0.0
+    wide_se: float = 0.0
+
+    @property
+    def noise(self) -> float:
+        """The difference that is noise: ``NOISE_SE`` standard errors of it."""
+        return NOISE_SE * math.hypot(self.narrow_se, self.wide_se)
 
     @property
     def wide_flatter(self) -> bool | None:
-        """True: the wide centre is flatter (lower); None: equal."""
-        return None if self.wide == self.narrow else self.wide < self.narrow
+        """True: the wide centre is flatter (lower); None: equal, or within the noise."""
+        if self.wide == self.narrow or abs(self.wide - self.narrow) <= self.noise:
+            return None
+        return self.wide < self.narrow
 
 
 def sharpness_checks(narrow: dict[str, float], wide: dict[str, float]) -> list[SharpnessCheck]:
     """The measures both centres have, in SHARPNESS_MEASURES order."""
     return [
-        SharpnessCheck(label, narrow[key], wide[key])
+        SharpnessCheck(
+            label,
+            narrow[key],
+            wide[key],
+            narrow.get(f"{key}_se", 0.0),
+            wide.get(f"{key}_se", 0.0),
+        )
         for key, label in SHARPNESS_MEASURES
         if key in narrow and key in wide
     ]

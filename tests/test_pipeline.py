@@ -258,6 +258,7 @@ def test_outputs(repo: Path) -> None:
         expected = expected.get(spec["method"], 3)
         assert metrics["n_samples"] == expected, pred
         assert math.isfinite(metrics["sharpness"]) and math.isfinite(metrics["hessian_trace"])
+        assert 0 < metrics["hessian_trace_se"] < abs(metrics["hessian_trace"]), pred
         assert metrics["val"]["n"] == n_val
         rel = (repo / files(pred)["reliability"]).read_text().splitlines()
         assert rel[0].startswith("bin,lower,upper,confidence,accuracy,gap,count")

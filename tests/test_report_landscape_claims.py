@@ -263,7 +263,7 @@ def test_a_trace_difference_within_its_probe_noise_does_not_overrule_the_rays(
         assert claim.holds is None and "tr(H) sharper" in claim.number
     else:
         assert (
-            claim.holds is True and "within probe noise (2 standard errors: 3.4)" in claim.evidence
+            claim.holds is True and "within probe noise (+3, inside ±3.4: 2 SE)" in claim.evidence
         )
 
 

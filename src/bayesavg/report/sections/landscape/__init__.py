@@ -130,7 +130,8 @@ def _with_se(value: float, se: float) -> str:
 
 def _sharpness_verdict(c: WidthComparison, k: SharpnessCheck) -> str:
     if k.wide_flatter is None and k.wide != k.narrow:
-        return f"the same within probe noise ({NOISE_SE:g} standard errors: {k.noise:.2g})"
+        diff = k.wide - k.narrow
+        return f"the same within probe noise ({diff:+.2g}, inside ±{k.noise:.2g}: {NOISE_SE:g} SE)"
     return f"{c.wide} " + {True: "flatter", False: "sharper", None: "equal"}[k.wide_flatter]
 
 

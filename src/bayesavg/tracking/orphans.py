@@ -97,12 +97,13 @@ def _note(value: str) -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     return (
         f"KILLED: the process that tracked it (pid {pid}) was gone by {stamp}, when process "
-        f"{os.getpid()} opened a run; it ended without a word (SIGKILL of its process group)"
+        f"{os.getpid()} opened a run; it ended without ending its run (killed outright, as by "
+        "a SIGKILL of its process group)"
     )
 
 
 def sweep(client: Any, experiment_id: str, tracking_uri: str) -> list[str]:
-    """End KILLED the orphaned runs of the experiment; return their ids.
+    """End KILLED the orphaned runs of the experiment; return them as ``name (id)``.
 
     A stage's run first, recorded in its execution's parent as the stage a run of
     that execution normally records (the parent then ends KILLED too), then a parent
@@ -131,7 +132,7 @@ def sweep(client: Any, experiment_id: str, tracking_uri: str) -> list[str]:
                         found.info.run_name, None, KILLED
                     )
                 client.set_terminated(found.info.run_id, status=KILLED)
-            ended.append(found.info.run_id)
+            ended.append(f"{found.info.run_name} ({found.info.run_id})")
     return ended
 
 

@@ -108,7 +108,11 @@ def open_run(
         _SWEPT.add((tracking_uri, exp_id))
         swept = orphans.sweep(client, exp_id, tracking_uri)
         if swept:
-            log.warning("ended KILLED %d run(s) whose process was gone: %s", len(swept), swept)
+            log.warning(
+                "ended KILLED %d MLflow run(s) left RUNNING by a process that is gone: %s",
+                len(swept),
+                ", ".join(swept),
+            )
     parent_id = None
     if parent:
         with serialized(tracking_uri, parent["key"]):

@@ -42,7 +42,7 @@ from ..training.precision import Precision
 from .calibrated import calibrated_nll
 from .metrics import Reliability, classification_metrics, protocol_metrics, reliability
 from .ood import OODAccumulator, ood_metrics
-from .sharpness import hessian_trace_probes, sam_sharpness
+from .sharpness import hessian_trace, sam_sharpness
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +374,7 @@ def centre_sharpness(
     for theta, buffers in centres(posterior, method_of(method)):
         model = center_model(posterior, theta, buffers, bn_x, device, batch_size)
         sam.append(sam_sharpness(model, x, y, rho, batch_size))
-        found = hessian_trace_probes(model, x, y, probes, gen, batch_size)
+        found = hessian_trace(model, x, y, probes, gen, batch_size)
         traces.append(found.mean().item())
         if probes > 1:
             variances.append(found.double().var().item() / probes)

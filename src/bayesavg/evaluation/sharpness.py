@@ -71,21 +71,9 @@ def hessian_trace(
     probes: int,
     generator: torch.Generator,
     batch_size: int = 1000,
-) -> float:
-    """Hutchinson's estimate of tr(H) = E[v^T H v], v Rademacher, averaged over probes."""
-    return hessian_trace_probes(model, x, y, probes, generator, batch_size).mean().item()
-
-
-def hessian_trace_probes(
-    model: nn.Module,
-    x: Input,
-    y: torch.Tensor,
-    probes: int,
-    generator: torch.Generator,
-    batch_size: int = 1000,
 ) -> torch.Tensor:
-    """v^T H v for each of ``probes`` Rademacher v: Hutchinson's estimates of tr(H), whose
-    mean is the estimate and whose spread its Monte Carlo error.
+    """v^T H v for each of ``probes`` Rademacher v: Hutchinson's estimates of tr(H) =
+    E[v^T H v], whose mean is the estimate and whose spread its Monte Carlo error.
 
     v^T H v is linear in the loss, so it is summed over batches: per batch, the gradient
     of its share of the mean (with its graph), then H_b v for every probe; that batch's

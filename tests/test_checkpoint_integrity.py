@@ -20,6 +20,7 @@ from torch.utils.serialization import config
 
 from bayesavg.runtime import io
 from bayesavg.runtime.checkpoint import Checkpoint
+from bayesavg.runtime.errors import UserError
 
 LOGGER = "bayesavg.runtime.checkpoint"
 
@@ -133,6 +134,43 @@ def test_checkpoint_written_with_torchs_crc_turned_off_still_resumes(tmp_path: P
     with config.patch({"save.compute_crc32": False}):
         Checkpoint(path, key="k").save(state)
     assert _same(Checkpoint(path, key="k").load(), state)
+
+
+def test_a_posterior_with_a_flipped_tensor_byte_is_refused_in_one_line(tmp_path: Path) -> None:
+    """torch would load it as other weights and evaluate them silently: the CRC-32s of
+    the zip say the bytes are not those saved, and the evaluation stops (exit 2)."""
+    from bayesavg.models import build_model
+    from bayesavg.posteriors.file import PosteriorFile, load_posterior, save_posterior
+
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 4, 4), 3)
+    path = tmp_path / "posterior.pt"
+    save_posterior(
+        path,
+        PosteriorFile.from_model(
+            model,
+            trajectory="sgd",
+            model_name="mlp",
+            model_kwargs={},
+            input_shape=(1, 4, 4),
+            mean=[0.5],
+            std=[0.25],
+            num_classes=3,
+            data={"dataset": "mnist5k", "seed": 0, "test_fraction": 0.2, "val_fraction": 0.1},
+        ),
+    )
+    intact = load_posterior(path)
+    member = _largest_record(path)
+    offset, length = _data_span(path, member)
+    _flip(path, offset + length // 2)
+    assert not torch.equal(torch.load(path, weights_only=True)["theta"], intact.theta), (
+        "torch itself does not notice"
+    )
+    with pytest.raises(UserError) as refused:
+        load_posterior(path)
+    message = str(refused.value)
+    assert "\n" not in message and str(path) in message
+    assert f"damaged (CRC-32 mismatch in {member})" in message
 
 
 # --- atomic writes -------------------------------------------------------------------------

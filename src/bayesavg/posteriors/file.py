@@ -19,7 +19,7 @@ from ..data.inputs import Inputs
 from ..data.prepared import to_input
 from ..models import build_model
 from ..runtime.errors import UserError
-from ..runtime.io import save_torch
+from ..runtime.io import save_torch, torch_damage
 from ..training.flat import params_vector
 from .checks import (
     PosteriorFileError,
@@ -266,10 +266,13 @@ def save_posterior(path: str | Path, posterior: PosteriorFile) -> None:
 def load_posterior(path: str | Path) -> PosteriorFile:
     """Load with ``weights_only=True`` and validate every block.
 
-    An unreadable or malformed file is a ``UserError`` of one line naming the
-    file, the block and key, and what is wrong.
+    An unreadable, damaged (a zip member's CRC-32 fails: torch's reader would load a
+    flipped byte as another number) or malformed file is a ``UserError`` of one line
+    naming the file, the block and key, and what is wrong.
     """
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"posterior file {path} is a folder: give the .pt file inside it")
     if not path.is_file():
         raise UserError(f"posterior file {path} does not exist")
     try:
@@ -281,6 +284,12 @@ def load_posterior(path: str | Path) -> PosteriorFile:
             f"cannot read posterior file {path} ({type(err).__name__}): not a file written by "
             "bayesavg, or corrupt; re-create it with the finetune stage"
         ) from None
+    damage = torch_damage(path)  # after loading: a file torch cannot read says so first
+    if damage is not None:
+        raise UserError(
+            f"posterior file {path} is damaged ({damage}): its bytes are not those saved; "
+            "re-create it with the finetune stage"
+        )
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise UserError(f"{path} is not a bayesavg posterior file (expected format {FORMAT})")
     try:

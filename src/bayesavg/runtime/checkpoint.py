@@ -15,12 +15,11 @@ killed while saving it left beside it.
 from __future__ import annotations
 
 import logging
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from .io import remove_stale_temporaries, save_torch
+from .io import remove_stale_temporaries, save_torch, torch_damage
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class Checkpoint:
         self._sweep()
         if not self.path.is_file():
             return None
-        damage = _damage(self.path)
+        damage = torch_damage(self.path)
         if damage is not None:
             log.warning("checkpoint %s is damaged (%s); starting afresh", self.path, damage)
             self.remove()
@@ -106,14 +105,10 @@ class Checkpoint:
         return self.active and epoch % self.every == 0
 
     def save(self, state: State) -> None:
-        """Write the checkpoint, with the CRC-32s that ``load`` checks even where
-        torch's ``compute_crc32`` was turned off (it would write zeros)."""
+        """Write the checkpoint, with the CRC-32s that ``load`` checks (``save_torch``)."""
         if self.active:
-            from torch.utils.serialization import config
-
             tree = {"format": FORMAT, "key": self.key, "meta": self.meta, "state": state}
-            with config.patch({"save.compute_crc32": True}):
-                save_torch(self.path, tree)
+            save_torch(self.path, tree)
 
     def nested(self, state: State | None, wrap: Callable[[State], State]) -> Resumable:
         return _Nested(self, state, wrap)
@@ -134,17 +129,6 @@ class Checkpoint:
                 size / 1e6,
                 names,
             )
-
-
-def _damage(path: Path) -> str | None:
-    """Why ``path``'s bytes are not those torch saved, or None if every zip member's
-    CRC-32 matches: torch's reader skips them, so this is the only check of the data."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-    except Exception as err:  # zipfile raises many types on damaged headers
-        return f"not a readable zip archive: {err}"
-    return None if bad is None else f"CRC-32 mismatch in {bad}"
 
 
 class _Nested:

@@ -379,7 +379,9 @@ def reused_runs(stage: str) -> dict[str, str]:
 def prepared_datasets(manifest: Path) -> list[dict[str, str]]:
     """The prepared splits as MLflow dataset inputs: name, the sha256 the manifest records
     for the split's file, where it lies, and the split as context."""
-    found = json.loads(manifest.read_text())
+    from bayesavg.data.prepared import read_manifest  # torch: only stages that read data
+
+    found = read_manifest(manifest)
     return [
         {
             "name": f"{found['dataset']}-{split}",

@@ -3,9 +3,15 @@ by hand first) says so in one line, before any work, instead of a FileNotFoundEr
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from bayesavg.data.prepared import load_prepared, read_manifest
+from bayesavg.runtime.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,3 +36,48 @@ def test_a_missing_input_is_named_with_what_to_run() -> None:
         f"{missing} is missing: run the stage that writes it first (dvc repro runs what a "
         "stage needs)\n"
     )
+
+
+def _manifest(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(text)
+    return folder
+
+
+GOOD = json.dumps(
+    {
+        "dataset": "mnist5k",
+        "splits": {
+            s: {"file": f"{s}.pt", "sha256": "00", "n": 3} for s in ("train", "val", "test")
+        },
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("{not json", "cannot read"),
+        ("[1, 2]", "is not a data stage manifest (no dataset name or splits)"),
+        ('{"dataset": "mnist5k"}', "is not a data stage manifest (no dataset name or splits)"),
+        (GOOD.replace('"n": 3}', '"n": "3"}', 1), "(split 'train' lacks n)"),
+        (GOOD.replace('"val": {', '"valid": {'), "(split 'val' lacks file, sha256, n)"),
+    ],
+)
+def test_a_damaged_manifest_is_one_line_for_every_reader(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    """The stages that log the splits as MLflow datasets (``read_manifest``) and those
+    that load them (``load_prepared``) refuse it alike."""
+    folder = _manifest(tmp_path / "prepared", text)
+    for read in (lambda: read_manifest(folder / "manifest.json"), lambda: load_prepared(folder)):
+        with pytest.raises(UserError) as refused:
+            read()
+        message = str(refused.value)
+        assert said in message and "\n" not in message and "data stage" in message
+
+
+def test_a_split_file_missing_beside_its_manifest_is_one_line(tmp_path: Path) -> None:
+    folder = _manifest(tmp_path / "prepared", GOOD)
+    with pytest.raises(UserError, match=r"train\.pt is missing; rerun the data stage"):
+        load_prepared(folder)

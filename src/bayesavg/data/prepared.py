@@ -303,21 +303,47 @@ def _load_streamed(out: Path, entry: dict[str, Any], verify: bool) -> Split:
 
 
 def _check(path: Path, expected_sha256: str | None) -> None:
+    if not path.is_file():
+        raise UserError(f"{path} is missing; rerun the data stage (dvc repro data)")
     if expected_sha256 is not None and sha256_file(path) != expected_sha256:
         raise UserError(
             f"{path} does not match its manifest checksum; rerun the data stage (dvc repro data)"
         )
 
 
+_ENTRY_KEYS = {"file": str, "sha256": str, "n": int}
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The data stage's manifest, checked for what readers take from it (the dataset's
+    name, and per split its file, sha256 and size): a damaged one is one line."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {path} ({err}); run the data stage first") from None
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    problem = None
+    if not isinstance(splits, dict) or not isinstance(manifest.get("dataset"), str):
+        problem = "no dataset name or splits"
+    else:
+        for split in SPLITS:
+            entry = splits.get(split)
+            bad = [
+                k for k, kind in _ENTRY_KEYS.items() if not isinstance((entry or {}).get(k), kind)
+            ]
+            if bad:
+                problem = f"split {split!r} lacks {', '.join(bad)}"
+                break
+    if problem is not None:
+        raise UserError(f"{path} is not a data stage manifest ({problem}); rerun the data stage")
+    return manifest
+
+
 def load_prepared(out_dir: str | Path, verify: bool = True) -> Prepared:
     """Read what ``prepare`` wrote, checking each file's sha256 against the manifest.
     Streamed splits come back memory-mapped: their images are read when indexed."""
     out = Path(out_dir)
-    manifest_path = out / "manifest.json"
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {manifest_path} ({err}); run the data stage first") from None
+    manifest = read_manifest(out / "manifest.json")
     splits = []
     for s in SPLITS:
         entry = manifest["splits"][s]

@@ -29,7 +29,11 @@ OWN = {"source": "pipeline"}
 def run() -> None:
     p = params()
     args = sys.argv[1:]
-    if len(args) != 2 or args[0] not in ("finetune", "evaluate") or not args[1].isdigit():
+    if (
+        len(args) != 2
+        or args[0] not in ("finetune", "evaluate")
+        or not (args[1].isascii() and args[1].isdigit())
+    ):
         raise UserError("usage: replicate.py finetune|evaluate <seed>")
     step, seed = args[0], int(args[1])
     if seed not in p.seeds:

@@ -111,6 +111,12 @@ def test_no_pins_where_the_avx2_path_does_not_exist() -> None:
     [
         ("BAYESAVG_THREADS", "0", "BAYESAVG_THREADS: must be a positive integer (got '0')"),
         ("BAYESAVG_THREADS", "two", "BAYESAVG_THREADS: must be a positive integer (got 'two')"),
+        # str.isdigit() takes a superscript two, which int() then refuses
+        (
+            "BAYESAVG_THREADS",
+            "\u00b2",
+            "BAYESAVG_THREADS: must be a positive integer (got '\u00b2')",
+        ),
         ("BAYESAVG_NUMERICS", "fast", "BAYESAVG_NUMERICS: must be one of portable, native"),
     ],
 )
@@ -270,3 +276,12 @@ def test_the_square_root_reader_sees_each_form() -> None:
     code = "a = x.sqrt()\nb = torch.sqrt(x)\nc = x.pow(0.5)\nd = x ** 0.5\ne = ieee.sqrt(x)\n"
     code += "f = math.sqrt(2)\ng = np.sqrt(y)\nh = 2 ** 0.5\n"
     assert _square_roots(ast.parse(code)) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "\u00b2", ""])
+def test_a_bad_process_count_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from bayesavg.runtime import launch
+
+    monkeypatch.setenv("BAYESAVG_NPROC", value)
+    with pytest.raises(UserError, match=r"^BAYESAVG_NPROC: must be a positive integer \(got "):
+        launch.nproc()

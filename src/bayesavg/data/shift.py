@@ -342,9 +342,9 @@ def parse(name: str) -> Shift:
             raise ValueError(f"shift {name!r}: rotate_<degrees>, e.g. rotate_15") from None
         return Shift("rotate", degrees)
     base, _, level = name.rpartition("_")
-    if base.startswith(C_PREFIX) and level.isdigit():
+    if base.startswith(C_PREFIX) and level.isascii() and level.isdigit():
         return Shift(base, int(level))
-    if base in CORRUPTIONS and level.isdigit():
+    if base in CORRUPTIONS and level.isascii() and level.isdigit():
         return Shift(base, int(level))
     if name in CORRUPTIONS:
         return Shift(name, CORRUPTIONS[name].default)

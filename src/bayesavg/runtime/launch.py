@@ -35,7 +35,7 @@ ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
 def nproc() -> int:
     """Processes to run distributed stages on (``BAYESAVG_NPROC``, default 1)."""
     text = os.environ.get(NPROC_ENV, "1")
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise UserError(f"{NPROC_ENV}: must be a positive integer (got {text!r})")
     return int(text)
 

@@ -60,7 +60,7 @@ def threads(environ: MutableMapping[str, str] | None = None) -> int:
     text = env.get(THREADS_ENV)
     if text is None:
         return max(1, DEFAULT_THREADS // world_size(env))
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise UserError(f"{THREADS_ENV}: must be a positive integer (got {text!r})")
     return int(text)
 
@@ -69,7 +69,7 @@ def world_size(environ: MutableMapping[str, str]) -> int:
     """The processes of this torchrun job (``WORLD_SIZE``, which torchrun sets in each
     rank), or 1 outside one."""
     text = environ.get("WORLD_SIZE", "1")
-    return int(text) if text.isdigit() and int(text) > 0 else 1
+    return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else 1
 
 
 def usable_cores() -> int:

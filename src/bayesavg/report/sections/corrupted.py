@@ -29,7 +29,12 @@ def by_severity(p: PredictorResult) -> dict[int, dict[str, list[float]]]:
     out: dict[int, dict[str, list[float]]] = {}
     for name, row in (shift if isinstance(shift, dict) else {}).items():
         level = name.rpartition("_")[2]
-        if not (name.startswith(PREFIX) and level.isdigit() and isinstance(row, dict)):
+        if not (
+            name.startswith(PREFIX)
+            and level.isascii()
+            and level.isdigit()
+            and isinstance(row, dict)
+        ):
             continue
         found = out.setdefault(int(level), {k: [] for k, _ in KEYS})
         for key, _ in KEYS:

@@ -25,14 +25,15 @@ or SIGINT, SIGTERM, SIGHUP to its pid alone) is passed on once to each running s
 process group, which gets ``STOP_SECONDS`` to stop before it is killed.
 
 Usage: ``python scripts/repro.py [--jobs N] [--force] [STAGE ...]``: the stages named
-and their upstream (default: all). Exit code: the first failed stage's, else 0; 128 +
-the signal's number when interrupted (130 for Ctrl-C, 143 for SIGTERM).
+and their upstream (default: all). Exit code: the first failed stage's own (2 for bad
+input; DVC's 255 where the stage's is unknown), else 0; 128 + the signal's number when
+interrupted (130 for Ctrl-C, 143 for SIGTERM). A failed stage's one-line error is
+repeated on stderr, after its name.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import queue
@@ -44,11 +45,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import psutil
 import stage_ledger
 import tracking_forks
+from stage_processes import INTERRUPTED, Children, Interrupted, Signals
 
 from bayesavg.runtime import launch, numerics
 
@@ -58,91 +59,12 @@ from _execution import EXECUTION_ENV, described
 # ``dvc`` writing only each finished stage's entry of dvc.lock (the same bytes)
 DVC_LOCK = str(Path(__file__).resolve().with_name("dvc_lock.py"))
 
-# A signal's grace: the stages' ``finally`` blocks and tracked runs' ends (KILLED) run
-STOP_SECONDS = 30.0
-INTERRUPTED = (
-    "interrupted by {}: stages stopped; rerun to continue (finished stages are kept,"
-    " pretrain and fine-tuning resume from their last checkpoint)"
-)
-
 if TYPE_CHECKING:
     from dvc.repo import Repo
 
 
 class UnknownStage(Exception):
     """A stage named on the command line that dvc.yaml does not define."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """A signal (``args[0]``) raised as Ctrl-C is, so no ``except Exception`` swallows it."""
-
-
-class Signals:
-    """SIGINT, SIGTERM and SIGHUP raise ``Interrupted`` while ``armed`` (one, so a clean-up
-    runs whole); one ignored from the start (``nohup``, a background job) stays so."""
-
-    def __init__(self) -> None:
-        self.armed = True
-        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        self.previous = {signum: signal.getsignal(signum) for signum in caught}
-
-    def __enter__(self) -> Signals:
-        for signum, previous in self.previous.items():
-            if previous != signal.SIG_IGN:
-                signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, previous in self.previous.items():
-            signal.signal(signum, previous)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.armed:
-            self.armed = False  # a second signal waits for the stop under way
-            raise Interrupted(signum)
-
-
-def _left(groups: set[int]) -> bool:
-    """Whether a process of ``groups`` runs (an orphan's zombie, which no init may reap, not)."""
-    for pid in psutil.pids():
-        with contextlib.suppress(OSError, psutil.Error):
-            if os.getpgid(pid) in groups and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return True
-    return False
-
-
-class Children:
-    """The stages' processes, each leading a session of its own: a terminal's Ctrl-C reaches
-    this script alone, and ``stop`` passes it, or any signal to us, once to their groups."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._procs: list[subprocess.Popen[Any]] = []
-        self._stopping = False
-
-    def start(self, cmd: list[str], **popen: Any) -> subprocess.Popen[Any] | None:
-        """The stage's process; None once ``stop`` has begun (no stage starts after)."""
-        with self._lock:
-            if self._stopping:
-                return None
-            self._procs.append(subprocess.Popen(cmd, start_new_session=True, **popen))
-            return self._procs[-1]
-
-    def stop(self, signum: int, grace: float = STOP_SECONDS) -> None:
-        """Send ``signum`` to the running stages' groups, give them ``grace`` seconds to
-        end, then kill what is left (and wait 10 s at most: uninterruptible sleep)."""
-        with self._lock:
-            self._stopping = True
-            groups = {p.pid for p in self._procs if p.returncode is None}
-        for sent, seconds in ((signum, grace), (signal.SIGKILL, 10.0)):
-            for pgid in groups:
-                with contextlib.suppress(OSError):
-                    os.killpg(pgid, sent)
-            deadline = time.monotonic() + seconds
-            while (left := _left(groups)) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not left:
-                return
 
 
 class Pipeline(NamedTuple):
@@ -230,16 +152,30 @@ HINTS = re.compile(
     r"|\tdvc config core\.autostage true|Use `dvc push` to send your updates.*)$"
 )
 GIT_ADD = re.compile(r"^\tgit add (.+)$")
+# A failed stage's reason (its own one-line error) and exit code (DVC's exits 255 for all)
+REASON = re.compile(r"^error: (.+)$")
+EXITED = re.compile(r"^ERROR: failed to reproduce .*, exited with (-?\d+)$")
+
+
+class Failure(NamedTuple):
+    reason: str | None  # the stage's last ``error:`` line
+    code: int | None  # the stage's own exit code, as DVC reports it
 
 
 def _pump(
     stage: str, proc: subprocess.Popen[str], width: int, lock: threading.Lock, added: set[str]
-) -> None:
+) -> Failure:
     """Copy a stage's output to ours line by line, each line led by the stage's name;
-    DVC's hints are left out and the files it asks to ``git add`` collected."""
+    DVC's hints are left out and the files it asks to ``git add`` collected. Returns
+    why the stage failed, as it and DVC said."""
     assert proc.stdout is not None
+    reason, code = None, None
     for line in proc.stdout:
         text = line.rstrip("\n")
+        if found := REASON.match(text):
+            reason = found.group(1)
+        elif found := EXITED.match(text):
+            code = int(found.group(1))
         found = GIT_ADD.match(text)
         if found:
             added.update(found.group(1).split())
@@ -249,6 +185,7 @@ def _pump(
         with lock:
             sys.stdout.write(f"{stage:<{width}} | {text}\n")
             sys.stdout.flush()
+    return Failure(reason, code)
 
 
 def run(
@@ -267,11 +204,11 @@ def run(
     env = {**execution_env(jobs), **(extra_env or {})}
     width = max((len(s) for s in todo), default=0)
     lock = threading.Lock()
-    done: queue.Queue[tuple[str, int, float]] = queue.Queue()
+    done: queue.Queue[tuple[str, int, float, Failure]] = queue.Queue()
     finished = set(upstream) - todo
     waiting = set(todo)
     running = 0
-    failed: tuple[str, int] | None = None
+    failed: tuple[str, int, Failure] | None = None
     added: set[str] = set()
     children = Children()
     pumps: list[threading.Thread] = []
@@ -287,8 +224,8 @@ def run(
             env=env,
         )
         if proc is not None:
-            _pump(stage, proc, width, lock, added)
-            done.put((stage, proc.wait(), time.monotonic() - started))
+            said = _pump(stage, proc, width, lock, added)
+            done.put((stage, proc.wait(), time.monotonic() - started, said))
 
     try:
         while waiting or running:
@@ -302,7 +239,9 @@ def run(
                 pumps.append(pump)
             if not running:
                 break
-            stage, code, seconds = done.get()
+            stage, code, seconds, said = done.get()
+            if code != 0 and said.code is not None and 0 < said.code < 256:
+                code = said.code  # the stage's own, not DVC's 255
             running -= 1
             ended = "finished" if code == 0 else f"failed (exit code {code})"
             count = f"{len(todo) - len(waiting) - running} of {len(todo)}"
@@ -311,7 +250,7 @@ def run(
             if code == 0:
                 finished.add(stage)
             elif failed is None:
-                failed = (stage, code)
+                failed = (stage, code, said)
     except Interrupted as err:
         children.stop(err.args[0])
         for pump in pumps:  # the stages' last lines: what they said on stopping
@@ -321,13 +260,16 @@ def run(
     if added:
         print(f"\nTo track the changes with git, run:\n\n\tgit add {' '.join(sorted(added))}")
     if failed is not None:
+        stage, code, said = failed
         left = sorted(waiting, key=order.__getitem__)
         print(
-            f"error: stage {failed[0]} failed (exit code {failed[1]})"
-            + (f"; not run: {', '.join(left)}" if left else ""),
+            f"error: stage {stage} failed"
+            + (f": {said.reason}" if said.reason else "")
+            + f" (exit code {code})"
+            + (f"; not run: {len(left)} stage(s): {', '.join(left)}" if left else ""),
             file=sys.stderr,
         )
-        return failed[1]
+        return code
     return 0
 
 

@@ -103,11 +103,30 @@ def test_a_failed_stage_stops_what_depends_on_it_with_its_exit_code(tmp_path: Pa
         },
     )
     proc = _repro(repo, "--jobs", "2", check=False)
-    assert proc.returncode != 0
-    assert re.search(r"^a \| failed \(exit code \d+\) in [\d.]+ s \(1 of 2\)$", proc.stdout, re.M)
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: stage a failed (exit code ")
-    assert proc.stderr.strip().endswith("; not run: b")
+    assert proc.returncode == 3, "the stage's own, not DVC's 255"
+    assert re.search(r"^a \| failed \(exit code 3\) in [\d.]+ s \(1 of 2\)$", proc.stdout, re.M)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: stage a failed (exit code 3); not run: 1 stage(s): b"
+    )
     assert not (repo / "b.txt").exists()
+
+
+def test_a_stage_s_own_error_line_is_repeated_last_with_its_exit_code(tmp_path: Path) -> None:
+    """A stage stopping on bad input says why in one line (exit 2): repro ends on that
+    line and code, not on DVC's 255 with the reason buried in the stage's output."""
+    said = (
+        "import sys; print('error: params.yaml: x: must be positive', file=sys.stderr); sys.exit(2)"
+    )
+    repo = _toy(
+        tmp_path,
+        {"a": {"cmd": f'python -c "{said}"', "outs": ["a.txt"]}, "b": _stage("b", deps=("a.txt",))},
+    )
+    proc = _repro(repo, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: stage a failed: params.yaml: x: must be positive (exit code 2); "
+        "not run: 1 stage(s): b"
+    )
 
 
 def test_named_stages_bring_their_upstream_only(tmp_path: Path) -> None:

@@ -178,11 +178,30 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
         load_params(tmp_path / "missing.yaml")
     bad = tmp_path / "params.yaml"
     bad.write_text("seed: [1,\n")
-    with pytest.raises(UserError, match="not valid YAML"):
+    with pytest.raises(UserError, match="not valid YAML at line 2, column 1: expected"):
+        load_params(bad)
+    bad.write_text("seed: 0\nevaluate:\n\tece_bins: 15\n")
+    with pytest.raises(UserError, match=r"at line 3, column 1: found character '\\t'"):
         load_params(bad)
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(UserError, match="top level must be a mapping"):
         load_params(bad)
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """PyYAML would keep the last value silently (and DVC's own reader refuses the file)."""
+    bad = tmp_path / "params.yaml"
+    bad.write_text("seed: 0\nevaluate:\n  ece_bins: 20\n  ece_bins: 15\n")
+    with pytest.raises(UserError) as refused:
+        load_params(bad)
+    assert str(refused.value) == (
+        f"{bad}: not valid YAML at line 4, column 3: key 'ece_bins' given twice (lines 3 and 4)"
+    )
+
+
+def test_a_nan_is_named_as_not_finite(default_raw: dict[str, Any]) -> None:
+    with pytest.raises(UserError, match=r"^params.yaml: data.test_fraction: must be a finite"):
+        parse_params(_with(default_raw, "data.test_fraction", float("nan")))
 
 
 def test_snapshot_count(default_raw: dict[str, Any]) -> None:

@@ -257,12 +257,11 @@ def parse_params(raw: Any) -> Params:
     """Validate a params mapping; raise ``UserError`` with one line on the first problem."""
     if not isinstance(raw, dict):
         raise UserError("params.yaml: the top level must be a mapping of sections")
+    _check_finite(raw, "")  # first: a NaN would fail range checks with a puzzling message
     try:
-        params = Params.model_validate(raw)
+        return Params.model_validate(raw)
     except ValidationError as err:
         raise UserError(_format_error(err)) from None
-    _check_finite(raw, "")
-    return params
 
 
 def _check_finite(node: Any, path: str) -> None:
@@ -281,7 +280,35 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeys)  # a SafeLoader
     except yaml.YAMLError as err:
-        raise UserError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise UserError(f"{path}: not valid YAML{_where(err)}") from None
     return parse_params(raw)
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """``yaml.safe_load``, refusing a key given twice in one mapping: PyYAML would keep
+    the last silently (and DVC's own reader refuses the file)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} given twice (lines {seen[key]} and {line})",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def _where(err: yaml.YAMLError) -> str:
+    """' at line L, column C: what is wrong', from the parser's marks where it has them."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{at}: {problem}"

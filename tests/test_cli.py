@@ -445,21 +445,37 @@ def test_bad_outputs_and_devices_exit_2_leaving_every_file_as_it_was(
     assert {p.name for p in tmp_path.iterdir()} == left  # no output, no temporary file
 
 
+_EV = ["evaluate", "--posterior", "p.pt", "--predictor", "map", "--data", "mnist5k"]
+
+
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "said"),
     [
-        ["evaluate", "--predictor", "map", "--data", "mnist5k", "--out", "m.json"],
-        ["evaluate", "--posterior", "p.pt", "--predictor", "map", "--data", "mnist5k"],
-        [
-            *["evaluate", "--posterior", "p.pt", "--predictor", "map", "--data", "mnist5k"],
-            *["--out", "m.json", "--samples", "three"],
-        ],
-        ["train"],
-        [],
+        (
+            ["evaluate", "--predictor", "map", "--data", "mnist5k", "--out", "m.json"],
+            "the following arguments are required: --posterior (see `bayesavg evaluate --help`)",
+        ),
+        (_EV, "the following arguments are required: --out (see `bayesavg evaluate --help`)"),
+        (
+            [*_EV, "--out", "m.json", "--samples", "three"],
+            "argument --samples: invalid int value: 'three' (see `bayesavg evaluate --help`)",
+        ),
+        (
+            [*_EV, "--out", "m.json", "--bogus"],
+            "unrecognized arguments: --bogus (see `bayesavg evaluate --help`)",
+        ),
+        (
+            [*_EV, "--out", "m.json", "--sample", "5"],  # no abbreviations: flags may be added
+            "unrecognized arguments: --sample 5 (see `bayesavg evaluate --help`)",
+        ),
+        (["track"], "the following arguments are required: --sync (see `bayesavg track --help`)"),
+        (["train"], "argument command: invalid choice: 'train' (choose from 'track', 'evaluate')"),
+        ([], "the following arguments are required: command (see `bayesavg --help`)"),
     ],
 )
-def test_argparse_errors_exit_2(
+def test_argparse_errors_are_one_line_and_exit_2(
     argv: list[str],
+    said: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -469,11 +485,20 @@ def test_argparse_errors_exit_2(
         main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: bayesavg")
-    assert err.splitlines()[-1].startswith("bayesavg")
-    assert ": error: " in err.splitlines()[-1]
-    assert "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith(f"error: {said}"), err
     assert not (tmp_path / "m.json").exists()
+
+
+def test_track_with_a_root_that_is_no_folder_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["track", "--sync", "--root", str(tmp_path / "nowhere")])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: --root: {tmp_path / 'nowhere'} is not a folder (the project root, beside "
+        "dvc.yaml)\n"
+    )
 
 
 def test_posterior_file_is_plain_data(tiny_posteriors: TinyPosteriors) -> None:

@@ -12,7 +12,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .config.methods import REGISTRY
 from .runtime import numerics
@@ -31,11 +31,21 @@ log = logging.getLogger("bayesavg")
 SINGLE = tuple(m.name for m in REGISTRY.values() if m.samples == "one")
 
 
+class _OneLine(argparse.ArgumentParser):
+    """argparse with the project's error form: one ``error:`` line naming the command's
+    help, exit 2 (argparse prints its whole usage block first); no abbreviated flags
+    (``--sample`` taken as ``--samples`` would break when a flag is added)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="bayesavg", description="Bayesian deep learning by weight averaging."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLine(prog="bayesavg", description="Bayesian deep learning by weight averaging.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLine)
     track = sub.add_parser(
         "track",
         help="send the MLflow calls stages kept in runs/spool/ while tracking was down",
@@ -329,7 +339,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's parser, which names its own help
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     run_entry(numerics.pin)  # before torch: the same bytes as the pipeline's stages
     if args.command == "evaluate":
         run_entry(lambda: _evaluate(args))
@@ -343,6 +357,8 @@ def _track(args: argparse.Namespace) -> None:
     from .tracking.spool import bound_retries, check_reachable, pending, replay_all
 
     root = Path(args.root).resolve()
+    if not root.is_dir():
+        raise UserError(f"--root: {args.root} is not a folder (the project root, beside dvc.yaml)")
     uri, artifacts = default_store(root)
     folder = root / "runs" / "spool"
     waiting = pending(folder, uri)

@@ -211,7 +211,10 @@ def _evaluate(args: argparse.Namespace) -> None:
         raise UserError(f"--bn-update-fraction: must be in (0, 1] (got {args.bn_update_fraction})")
     _check_outputs(args)
     requested = _temperature(args)
-    device = resolve_device(args.device, args.deterministic)
+    try:
+        device = resolve_device(args.device, args.deterministic)
+    except UserError as err:
+        raise UserError(f"--{err}") from None  # "device: ..." as the flag the user gave
     posterior = load_posterior(args.posterior)
     d = posterior.data
     seed = (

@@ -120,7 +120,11 @@ def ood_images(
     if spec in OOD_SETS:
         images = load_ood(spec)
     else:
-        images = load_eval_split(spec, raw_dir, tuple(input_shape), "test", *fractions)  # type: ignore[arg-type]
+        try:
+            images = load_eval_split(spec, raw_dir, tuple(input_shape), "test", *fractions)  # type: ignore[arg-type]
+        except UserError as err:
+            packaged = ", ".join(OOD_SETS)
+            raise UserError(f"OOD set {spec}: {err} (or a packaged OOD set: {packaged})") from None
     if tuple(images.x.shape[1:]) != tuple(input_shape):
         raise UserError(
             f"OOD set {spec}: images of shape {tuple(images.x.shape[1:])}, the network takes "

@@ -36,6 +36,10 @@ if missing:
     )
     sys.exit(2)
 
+from bayesavg.runtime.entry import early_interrupts  # noqa: E402  (no torch)
+
+early_interrupts()  # Ctrl-C or SIGTERM during the imports: run_entry's line and code
+
 from bayesavg.runtime.torch_version import check_importable  # noqa: E402  (imports nothing)
 
 unsupported = check_importable()

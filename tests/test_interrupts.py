@@ -14,7 +14,13 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from bayesavg.runtime.entry import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, run_entry
+from bayesavg.runtime.entry import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    early_interrupts,
+    run_entry,
+)
 from bayesavg.tracking.store import open_run
 from bayesavg.tracking.worker import KILLED, Tracker, ended_status
 
@@ -136,3 +142,60 @@ def test_the_parent_runs_again_while_another_stage_of_its_execution_runs(
     assert client.get_run(parent_id).info.status == "FAILED"
     third.record_in_parent("finetune@c", {}, "FINISHED")
     assert client.get_run(parent_id).info.status == "FAILED"
+
+
+# A stage still importing (torch, its code) when the signal comes: the early handlers.
+IMPORTING = """
+import sys, time
+from bayesavg.runtime.entry import early_interrupts
+early_interrupts()
+print("importing", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [(signal.SIGINT, 130, "Ctrl-C (SIGINT)"), (signal.SIGTERM, 143, "SIGTERM")],
+)
+def test_a_signal_during_a_stage_s_imports_is_one_line_and_its_exit_code(
+    signum: int, code: int, said: str
+) -> None:
+    """Not a traceback of the import under way (Ctrl-C), nor a silent death (SIGTERM)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IMPORTING], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "importing\n"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert err == (
+        f"interrupted by {said}: stopped; run it again to go on (a fine-tuning stage "
+        "resumes from its last checkpoint)\n"
+    )
+
+
+def test_once_the_entry_runs_ctrl_c_raises_again_so_finally_blocks_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    cleaned = []
+
+    def stage() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)  # the default handler raises before this ends
+        finally:
+            cleaned.append(True)
+
+    try:
+        early_interrupts()
+        early = signal.getsignal(signal.SIGINT)
+        with pytest.raises(SystemExit) as stop:
+            run_entry(stage)
+        assert stop.value.code == 130 and cleaned == [True]
+        assert signal.getsignal(signal.SIGINT) is early, "the early handler is back after it"
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+    assert capsys.readouterr().err.startswith("interrupted by Ctrl-C (SIGINT): stopped;")

@@ -10,6 +10,7 @@ whole evaluation code).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -30,6 +31,30 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+def _said(terminated: bool) -> str:
+    name = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
+    return (
+        f"interrupted by {name}: stopped; run it again to go on (a fine-tuning stage "
+        "resumes from its last checkpoint)"
+    )
+
+
+def early_interrupts() -> None:
+    """Until ``run_entry`` runs: Ctrl-C or SIGTERM while a stage imports torch and its
+    code (seconds) ends it with ``run_entry``'s line and exit code, not a traceback of
+    the import under way (Ctrl-C) or a silent death (SIGTERM). Nothing has been written
+    yet, so it exits at once. A signal ignored from the start (``nohup``) stays so."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _early)
+
+
+def _early(signum: int, frame: FrameType | None) -> None:
+    terminated = signum == signal.SIGTERM
+    os.write(2, f"{_said(terminated)}\n".encode())
+    os._exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+
+
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -39,6 +64,9 @@ def run_entry(fn: Callable[[], None]) -> None:
     interruption exits 130 (SIGINT) or 143 (SIGTERM) with one line."""
     setup_logging()
     previous = signal.signal(signal.SIGTERM, _terminate)
+    before = signal.getsignal(signal.SIGINT)
+    if before is _early:  # from here Ctrl-C raises, so ``finally`` blocks run
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         fn()
     except UserError as err:
@@ -46,12 +74,8 @@ def run_entry(fn: Callable[[], None]) -> None:
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt as err:
         terminated = isinstance(err, Terminated)
-        name = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
-        print(
-            f"interrupted by {name}: stopped; run it again to go on (a fine-tuning stage "
-            "resumes from its last checkpoint)",
-            file=sys.stderr,
-        )
+        print(_said(terminated), file=sys.stderr)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, before)

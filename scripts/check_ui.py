@@ -26,6 +26,7 @@ from check_report import INSTALL_HINT, find_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+USAGE = "python scripts/check_ui.py [OUT_DIR] [--uri http://host:port]"
 
 
 def _free_port() -> int:
@@ -122,11 +123,15 @@ def _summary(uri: str, experiment: str) -> tuple[str, str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    server_uri = None
-    if "--uri" in argv:
-        at = argv.index("--uri")
-        server_uri, argv = argv[at + 1], argv[:at] + argv[at + 2 :]
-    out = Path(argv[0]) if argv else ROOT / "reports" / "ui"
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], allow_abbrev=False, usage=USAGE
+    )
+    parser.add_argument("out", nargs="?", type=Path, default=ROOT / "reports" / "ui")
+    parser.add_argument("--uri", default=None, help="a tracking server's URL (default: ours)")
+    args = parser.parse_args(argv)
+    server_uri, out = args.uri, args.out
     browser = find_browser()
     if browser is None:
         print(INSTALL_HINT, file=sys.stderr)

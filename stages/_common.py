@@ -49,11 +49,8 @@ spool_dir = _bootstrap.spool_dir
 
 
 def main(fn: Callable[[], None]) -> None:
-    """Run a stage: a ``UserError`` is one line and exit code 2.
-
-    As one rank of a torchrun job (``delegated``), a failure is recorded for
-    the launcher, which reports the job's first one.
-    """
+    """Run a stage: a ``UserError`` is one line and exit code 2. As one rank of a torchrun
+    job (``delegated``), a failure is recorded for the launcher, which reports the first."""
     if launch.is_rank():
         code = launch.rank_entry(fn)
         if not code:
@@ -89,14 +86,11 @@ def delegated(compute: Callable[[], object]) -> bool:
 
 
 def _leave(code: object) -> None:
-    """Exit without finalising the interpreter.
-
-    Tearing down torch's module graph takes about 0.6 s at every stage's
-    exit. By now every output is written and closed (atomic writes) and
-    the tracking worker has finished, so there is nothing left to flush
-    but the logs and the standard streams. An unexpected exception does
-    not come here: it ends the process the normal way, with its traceback.
-    """
+    """Exit without finalising the interpreter: tearing down torch's module graph takes
+    about 0.6 s at every stage's exit. By now every output is written and closed (atomic
+    writes) and the tracking worker has finished, so there is nothing left to flush but
+    the logs and the standard streams. An unexpected exception does not come here: it
+    ends the process the normal way, with its traceback."""
     logging.shutdown()
     for folder in _scratch:
         shutil.rmtree(folder, ignore_errors=True)
@@ -378,20 +372,23 @@ def reused_runs(stage: str) -> dict[str, str]:
 
 def prepared_datasets(manifest: Path) -> list[dict[str, str]]:
     """The prepared splits as MLflow dataset inputs: name, the sha256 the manifest records
-    for the split's file, where it lies, and the split as context."""
-    from bayesavg.data.prepared import read_manifest  # torch: only stages that read data
-
-    found = read_manifest(manifest)
-    return [
-        {
-            "name": f"{found['dataset']}-{split}",
-            "digest": entry["sha256"],
-            "source": str((manifest.parent / entry["file"]).resolve()),
-            "context": split,
-            "profile": json.dumps({"num_rows": entry["n"], "per_class": entry.get("per_class")}),
-        }
-        for split, entry in found["splits"].items()
-    ]
+    for the split's file, where it lies, the split as context; a damaged manifest: one line."""
+    try:
+        found = json.loads(manifest.read_text())
+        return [
+            {
+                "name": f"{found['dataset']}-{split}",
+                "digest": entry["sha256"],
+                "source": str((manifest.parent / entry["file"]).resolve()),
+                "context": split,
+                "profile": json.dumps(
+                    {"num_rows": entry["n"], "per_class": entry.get("per_class")}
+                ),
+            }
+            for split, entry in found["splits"].items()
+        ]
+    except (OSError, ValueError, LookupError, TypeError, AttributeError) as err:
+        raise UserError(f"cannot read {manifest} ({err!r}); rerun the data stage") from None
 
 
 def mark_outputs(run: Any, paths: Sequence[Path]) -> None:

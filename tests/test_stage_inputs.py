@@ -81,3 +81,31 @@ def test_a_split_file_missing_beside_its_manifest_is_one_line(tmp_path: Path) ->
     folder = _manifest(tmp_path / "prepared", GOOD)
     with pytest.raises(UserError, match=r"train\.pt is missing; rerun the data stage"):
         load_prepared(folder)
+
+
+PROBE_MANIFEST = """
+import sys; path = sys.argv[1]; sys.argv = ['stages/validate.py']; sys.path.insert(0, 'stages')
+import _common
+from pathlib import Path
+from bayesavg.runtime.errors import UserError
+try:
+    _common.prepared_datasets(Path(path))
+except UserError as err:
+    print(err)
+"""
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"dataset": "m"}', GOOD[:-30] + "}}"])
+def test_a_damaged_manifest_is_one_line_where_a_stage_logs_its_splits(
+    tmp_path: Path, text: str
+) -> None:
+    manifest = _manifest(tmp_path / "prepared", text) / "manifest.json"
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE_MANIFEST, str(manifest)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.startswith(f"cannot read {manifest} (") and out.count("\n") == 1, out
+    assert out.endswith("); rerun the data stage\n")

@@ -79,7 +79,6 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("evaluate.predictors.swag.swag.method", "laplace", "evaluate.predictors.swag.swag.method"),
         ("evaluate.predictors.swag.swag.trajectory", "swag", "unknown key 'evaluate.predictors"),
         ("evaluate.predictors.vi", {}, "evaluate.predictors.vi: no predictors; list one"),
-        ("evaluate.predictors", {}, "evaluate.predictors: none listed; the pipeline evaluates"),
         ("evaluate.predictors.vi.swa", {"method": "vi"}, "'swa' is also listed under swag"),
         (
             "evaluate.predictors.mine",

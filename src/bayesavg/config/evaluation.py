@@ -247,8 +247,6 @@ class EvaluateParams(_Section):
     def _bind(self) -> EvaluateParams:
         """Tell each predictor its trajectory; predictor names are unique across them."""
         seen: dict[str, str] = {}
-        if not self.predictors:
-            raise ValueError("predictors: none listed; the pipeline evaluates and reports them")
         for trajectory, group in self.predictors.items():
             if not group:
                 raise ValueError(

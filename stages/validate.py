@@ -13,7 +13,12 @@ from bayesavg.runtime.io import write_json
 
 
 def run() -> None:
-    shift = params().evaluate.shift
+    p = params()
+    if not p.evaluate.predictors:  # valid for the library; the pipeline would drop its stages
+        raise UserError(
+            "params.yaml: evaluate.predictors: none listed; the pipeline evaluates them"
+        )
+    shift = p.evaluate.shift
     try:
         shifts(
             shift.angles,

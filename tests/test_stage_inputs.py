@@ -109,3 +109,24 @@ def test_a_damaged_manifest_is_one_line_where_a_stage_logs_its_splits(
     ).stdout
     assert out.startswith(f"cannot read {manifest} (") and out.count("\n") == 1, out
     assert out.endswith("); rerun the data stage\n")
+
+
+def test_the_pipeline_refuses_params_without_predictors(tmp_path: Path) -> None:
+    """Valid for the library (a fine-tuning-only config), but the pipeline's evaluate
+    stages would all vanish: the validate stage says so before anything runs."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["evaluate"]["predictors"] = {}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "validate.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "error: params.yaml: evaluate.predictors: none listed; the pipeline evaluates them\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

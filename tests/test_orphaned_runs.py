@@ -157,3 +157,20 @@ def test_the_owner_is_this_process_until_it_ends() -> None:
     proc.wait()
     assert orphans.gone(value)
     assert not orphans.gone(orphans.owner())
+
+
+def test_a_late_end_drops_the_sweep_s_note(mlflow_store: tuple[str, str]) -> None:
+    """A run whose calls a tracking outage spooled looks orphaned until the spool is
+    replayed: its own end, when it comes, wins, and the note goes."""
+    run_id = _killed_stage(mlflow_store, "finetune@x")
+    _open(mlflow_store).terminate()
+    client = MlflowClient(tracking_uri=mlflow_store[0])
+    assert orphans.ENDED_TAG in client.get_run(run_id).data.tags
+    uri = mlflow_store[0]
+    from bayesavg.tracking.mlflow_run import Run
+
+    late = Run(client, run_id, uri)
+    late.record_in_parent("finetune@x", None, "FINISHED")
+    late.terminate("FINISHED")
+    ended = client.get_run(run_id)
+    assert ended.info.status == "FINISHED" and orphans.ENDED_TAG not in ended.data.tags

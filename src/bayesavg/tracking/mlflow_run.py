@@ -25,6 +25,9 @@ PIPELINE_TAG = "bayesavg.stages"
 PARENT_TAG = "mlflow.parentRunId"
 # On the run that stores a file's bytes: STORED_TAG + sha256 -> the artifact's path.
 STORED_TAG = "bayesavg.stored."
+# Why another process ended a run it found orphaned (``orphans``); dropped if the run's
+# own end arrives after all (a spool replayed once the tracking server answers again).
+ENDED_TAG = "bayesavg.ended"
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -150,6 +153,7 @@ class Run:
     def terminate(self, status: str = "FINISHED") -> None:
         """End the run: FINISHED, FAILED or KILLED."""
         self._client.set_terminated(self.run_id, status=status)
+        _unsweep(self._client, self.run_id)
 
     def log_model(
         self,
@@ -281,6 +285,13 @@ class Run:
         self._client.set_tag(parent, PIPELINE_TAG, summary)
         self._client.set_tag(parent, "mlflow.note.content", " ".join(note))
         self._client.set_terminated(parent, status=status)
+        _unsweep(self._client, parent)
+
+
+def _unsweep(client: Any, run_id: str) -> None:
+    """Drop ``ENDED_TAG``: the run was not orphaned, its end was only late."""
+    if ENDED_TAG in client.get_run(run_id).data.tags:
+        client.delete_tag(run_id, ENDED_TAG)
 
 
 def _stored(client: Any, experiment_id: str, digest: str) -> str | None:

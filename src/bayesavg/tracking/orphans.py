@@ -7,8 +7,9 @@ would show it RUNNING for ever, and its execution's parent run with it. So every
 names the process that ends it (``OWNER_TAG``: the machine, the pid and the process's
 start time, so a reused pid is not taken for it), and the first run a process opens in
 an experiment ends KILLED every RUNNING run there whose owner on this machine is gone,
-saying so in ``ENDED_TAG``. Runs owned on other machines (a shared tracking server) are
-theirs to end.
+saying so in ``ENDED_TAG`` (dropped if the run's own end arrives after all: calls a
+tracking outage spooled, replayed later). Runs owned on other machines (a shared
+tracking server) are theirs to end.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import time
 from contextlib import suppress
 from typing import Any
 
-from .mlflow_run import EXECUTION_TAG, PARENT_TAG, Run
+from .mlflow_run import ENDED_TAG, EXECUTION_TAG, PARENT_TAG, Run
 from .serialized import serialized
 
 OWNER_TAG = "bayesavg.owner"
-ENDED_TAG = "bayesavg.ended"
 KILLED = "KILLED"
 
 

@@ -90,8 +90,8 @@ def pct(value: float) -> str:
     return f"{100 * value:.2f}%"
 
 
-def fmt_or_dash(v: float, spec: str = ".4f") -> str:
-    return format(v, spec) if math.isfinite(v) else "-"
+def fmt_or_dash(v: float, spec: str = ".4f", missing: str = "-") -> str:
+    return format(v, spec) if math.isfinite(v) else missing
 
 
 def _better(key: str, ours: float, theirs: float) -> bool:

@@ -14,7 +14,7 @@ from ..blocks import (
     Table,
     TableBlock,
 )
-from ..formats import with_interval
+from ..formats import fmt_or_dash, with_interval
 from ..inputs import PredictorResult, ReportInputs
 from ..intervals import LOWER_IS_BETTER
 from ..uncertainty import Uncertainty
@@ -92,7 +92,7 @@ def geometry_table(predictors: list[PredictorResult]) -> Table | None:
     """Sharpness and tr(H): properties of the weights, not of test points, so no interval;
     tr(H) with its standard error over Hutchinson's probes where there is one."""
     rows = [
-        [Cell(p.name), Cell(fmt_or_na(p.metric("sharpness"), ".4f")), _trace_cell(p)]
+        [Cell(p.name), Cell(fmt_or_dash(p.metric("sharpness"), ".4f", "n/a")), _trace_cell(p)]
         for p in predictors
         if math.isfinite(p.metric("sharpness")) or math.isfinite(p.metric("hessian_trace"))
     ]
@@ -101,12 +101,8 @@ def geometry_table(predictors: list[PredictorResult]) -> Table | None:
 
 def _trace_cell(p: PredictorResult) -> Cell:
     value, se = p.metric("hessian_trace"), p.metric("hessian_trace_se")
-    text = fmt_or_na(value, ".4g")
+    text = fmt_or_dash(value, ".4g", "n/a")
     return Cell(f"{text} ± {se:.2g}" if math.isfinite(value) and math.isfinite(se) else text)
-
-
-def fmt_or_na(value: float, spec: str) -> str:
-    return format(value, spec) if math.isfinite(value) else "n/a"
 
 
 def build(inputs: ReportInputs, unc: Uncertainty) -> Section:

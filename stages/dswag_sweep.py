@@ -27,6 +27,7 @@ from _common import (
     main,
     mark_outputs,
     params,
+    run_file,
     tracked,
     write_history,
 )
@@ -101,10 +102,11 @@ def run() -> None:
         if delegated(share):
             return
         # Every W's files or none (a failure at the second W leaves no first): the stage's
-        # output folders when it runs every W, else the one W's files.
+        # output folders when it runs every W, else the one W's files; and their runs/
+        # ledger entries, which then name the runs that made what is back.
         folders = [f.parent for f in point_outputs(sweep.trajectory, 0)]  # any W's: the outs
-        whole = len(sys.argv) == 1
-        with all_or_nothing(folders if whole else point_outputs(sweep.trajectory, chosen[0])):
+        outs = folders if len(sys.argv) == 1 else point_outputs(sweep.trajectory, chosen[0])
+        with all_or_nothing([*outs, *(run_file(f"dswag_sweep@{w}") for w in chosen)]):
             data = load_prepared(PREPARED)
             for w in chosen:
                 _point(p, w, *variant(w), data, start, start_file, device)

@@ -27,6 +27,7 @@ from _common import (
     main,
     params,
     predictor_files,
+    run_file,
     scratch,
     tracked,
 )
@@ -202,9 +203,11 @@ def run() -> None:
     if delegated(share):
         return
     # All the predictors' files or none (a failure in the third leaves no first two): the
-    # stage's output folders when it evaluates all, else the one predictor's files.
+    # stage's output folders when it evaluates all, else the one predictor's files; and
+    # their runs/ ledger entries, which then name the runs that made what is back.
     files = [f for name in names for f in predictor_files(trajectory, name)]
-    with all_or_nothing([f.parent for f in files] if len(sys.argv) == 2 else files):
+    outs = [f.parent for f in files] if len(sys.argv) == 2 else files
+    with all_or_nothing([*outs, *(run_file(f"evaluate@{name}") for name in names)]):
         share()
 
 

@@ -10,7 +10,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -161,8 +161,11 @@ class _Run:
 
 
 @contextlib.contextmanager
-def _untracked(*args: Any, **kwargs: Any) -> Iterator[_Run]:
+def _untracked(stage: str, *args: Any, **kwargs: Any) -> Iterator[_Run]:
+    """No MLflow run; the runs/ ledger entry written at the end, as ``tracked`` does."""
     yield _Run()
+    Path("runs").mkdir(exist_ok=True)
+    Path("runs", f"{stage}.json").write_text(f"new run of {stage}\n")
 
 
 def load_stage(name: str, repo: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -209,13 +212,16 @@ class Units:
         return {}, {}, written
 
 
-def earlier(repo: Path, folders: list[Path]) -> dict[str, bytes | None]:
-    """An earlier complete set in the stage's output folders, and files of other stages;
-    the tree they make."""
+def earlier(repo: Path, folders: list[Path], runs: Sequence[str] = ()) -> dict[str, bytes | None]:
+    """An earlier complete set in the stage's output folders with the runs/ ledger entries
+    of the units that made it, and files of other stages; the tree they make."""
     for folder in folders:
         (repo / folder).mkdir(parents=True)
         (repo / folder / "earlier.json").write_text(f"old {folder}\n")
     (repo / "metrics" / "pretrain.json").write_text("{}\n")
+    (repo / "runs").mkdir()
+    for stage in [*runs, "pretrain"]:
+        (repo / "runs" / f"{stage}.json").write_text(f"old run of {stage}\n")
     return tree(repo)
 
 
@@ -234,9 +240,11 @@ def evaluate_stage(
 
 
 def predictor_paths(p: Any, name: str, *rest: Any) -> list[Path]:
+    """What ``_predictor`` writes: the predictor's files and its runs/ ledger entry."""
     from _common import predictor_files
 
-    return list(predictor_files(p.evaluate.by_name[name].trajectory, name))
+    files = predictor_files(p.evaluate.by_name[name].trajectory, name)
+    return [*files, Path(f"runs/evaluate@{name}.json")]
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -247,7 +255,8 @@ def test_evaluate_failing_at_its_second_predictor_leaves_no_partial_set(
     """As `dvc repro evaluate@swag` interrupted after swa: no swa files, and a set an
     earlier run wrote (a direct run; DVC removes it first) is back whole."""
     (tmp_path / "metrics").mkdir()
-    expected = earlier(tmp_path, EVALUATE_OUTS if before else [])
+    runs = [f"evaluate@{name}" for name in ("swa", "swa_ts", "swag_diag", "swag")]
+    expected = earlier(tmp_path, EVALUATE_OUTS, runs) if before else earlier(tmp_path, [])
     units = Units(predictor_paths, fail_at=2, error=error)
     stage = evaluate_stage(tmp_path, monkeypatch, ["swag"], units)
     with pytest.raises(error):
@@ -271,8 +280,17 @@ def test_evaluate_writes_every_predictor_on_success(
         for folder, suffix in zip(EVALUATE_OUTS, (".json", ".csv", ".csv", ".npz"), strict=True)
         for name in names
     }
+    ledger = {f"runs/evaluate@{name}.json": name for name in names}
     files = {k for k, v in tree(tmp_path).items() if v is not None}
-    assert files == {*written, "params.yaml", "metrics/pretrain.json"}
+    assert files == {
+        *written,
+        *ledger,
+        "params.yaml",
+        "metrics/pretrain.json",
+        "runs/pretrain.json",
+    }
+    assert all(Path(f).read_text() == f"new {name}\n" for f, name in ledger.items())
+    assert Path("runs/pretrain.json").read_text() == "old run of pretrain\n"
 
 
 @pytest.mark.parametrize("fail", [True, False])
@@ -309,9 +327,10 @@ def test_landscape_failing_at_its_second_probe_leaves_no_partial_set(
 ) -> None:
     """As `dvc repro landscape` with a truncated posterior after plane@hwa: no plane files."""
     (tmp_path / "metrics").mkdir()
-    expected = earlier(tmp_path, LANDSCAPE if before else [])
     stage = load_stage("landscape", tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["stages/landscape.py"])
+    runs = [f"{kind}@{name}" for kind, name in stage._units(stage.params())]
+    expected = earlier(tmp_path, LANDSCAPE, runs) if before else earlier(tmp_path, [])
     units = Units(lambda *args: [], fail_at=2, error=error)
     probes(stage, units, monkeypatch)
     with pytest.raises(error):
@@ -383,12 +402,17 @@ def test_dswag_sweep_failing_at_its_second_w_leaves_no_partial_set(
     import bayesavg.posteriors.file
 
     (tmp_path / "metrics").mkdir()
-    expected = earlier(tmp_path, SWEEP if before else [])
     stage = load_stage("dswag_sweep", tmp_path, monkeypatch)
+    runs = [f"dswag_sweep@{w}" for w in stage.params().evaluate.dswag_sweep.workers]
+    expected = earlier(tmp_path, SWEEP, runs) if before else earlier(tmp_path, [])
     monkeypatch.setattr(sys, "argv", ["stages/dswag_sweep.py"])
     monkeypatch.setattr(bayesavg.posteriors.file, "load_posterior", lambda path: None)
     monkeypatch.setattr(bayesavg.data.prepared, "load_prepared", lambda path: None)
-    units = Units(lambda p, w, *rest: stage.point_outputs("dswag", w), fail_at=2, error=error)
+    units = Units(  # what _point writes, its runs/ ledger entry included
+        lambda p, w, *rest: [*stage.point_outputs("dswag", w), Path(f"runs/dswag_sweep@{w}.json")],
+        fail_at=2,
+        error=error,
+    )
     monkeypatch.setattr(stage, "_point", units)
     with pytest.raises(error):
         stage.run()

@@ -23,9 +23,9 @@ os.umask(_UMASK)
 
 
 _TEMP_SUFFIX = ".tmp"
-# mkstemp's random part: 8 of [a-z0-9_], never a dot, so one file's pattern matches
-# no other file's temporaries (".a.pt.b.pt.XXXXXXXX.tmp" is not one of "a.pt"'s)
-_TEMP_RANDOM = "[a-z0-9_]{8}"
+# mkstemp's and mkdtemp's random part: 8 of [a-z0-9_], never a dot, so one file's pattern
+# matches no other file's temporaries (".a.pt.b.pt.XXXXXXXX.tmp" is not one of "a.pt"'s)
+TEMP_RANDOM = "[a-z0-9_]{8}"
 
 
 @contextlib.contextmanager
@@ -75,7 +75,7 @@ def remove_stale_temporaries(path: str | os.PathLike[str]) -> list[tuple[Path, i
     its size in bytes.
     """
     path = Path(path)
-    pattern = re.compile(re.escape(f".{path.name}.") + _TEMP_RANDOM + re.escape(_TEMP_SUFFIX))
+    pattern = re.compile(re.escape(f".{path.name}.") + TEMP_RANDOM + re.escape(_TEMP_SUFFIX))
     if not path.parent.is_dir():
         return []
     removed: list[tuple[Path, int]] = []

@@ -32,6 +32,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from .io import TEMP_RANDOM
+
 
 @contextlib.contextmanager
 def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
@@ -67,8 +69,8 @@ def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
 def _finish_killed(path: Path) -> None:
     """Put back what a killed ``all_or_nothing`` over ``path`` had moved aside, removing
     what its body wrote; asides of killed runs before that one (which held a killed
-    body's writes) go. ``mkdtemp`` names them ``.<name>.<8 of [a-z0-9_]>.old``."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.old")
+    body's writes) go. ``mkdtemp`` names them ``.<name>.<random>.old``."""
+    pattern = re.compile(re.escape(f".{path.name}.") + TEMP_RANDOM + re.escape(".old"))
     with contextlib.suppress(FileNotFoundError):
         stale = [e for e in os.scandir(path.parent) if pattern.fullmatch(e.name) and e.is_dir()]
         stale.sort(key=lambda e: e.stat().st_mtime_ns)

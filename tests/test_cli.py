@@ -346,6 +346,9 @@ def _offline(*args: Any, **kwargs: Any) -> Any:
         ("too_many_classes", "classes"),
         ("offline_download", "by hand"),
         ("negative_scale", "--scale"),
+        ("nan_scale", "--scale: must be a finite number >= 0 (got nan)"),
+        ("negative_seed", "--seed: must be in [0, 2**63 - 1]"),
+        ("seed_over_63_bits", "--seed: must be in [0, 2**63 - 1], as the pipeline's (got 92233"),
         ("unknown_shift", "--shift: unknown shift 'fog'"),
     ],
 )
@@ -382,6 +385,12 @@ def test_user_errors_exit_2_with_one_line(
         extra = ["--raw-dir", str(tmp_path / "raw")]
     elif case == "negative_scale":
         predictor, extra = "swag", ["--scale", "-1"]
+    elif case == "nan_scale":
+        predictor, extra = "swag", ["--scale", "nan"]
+    elif case == "negative_seed":
+        extra = ["--seed", "-1"]
+    elif case == "seed_over_63_bits":
+        extra = ["--seed", str(2**63)]
     elif case == "unknown_shift":
         extra = ["--shift", "fog"]
     line = _run_user_error(_evaluate_args(posterior, predictor, data, out, *extra), capsys)

@@ -52,6 +52,9 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
     [
         ("seed", -1, "seed: Input should be greater than or equal to 0"),
         ("seed", "0", "seed: Input should be a valid integer"),
+        ("seed", 2**63, "seed: Input should be less than or equal to 9223372036854775807"),
+        ("seeds", [0, 2**64], "seeds.1: Input should be less than or equal to 922337203685477"),
+        ("report.bootstrap.seed", 2**63, "report.bootstrap.seed: Input should be less than or"),
         ("seeds", [1, 2], "seeds: [1, 2] does not list the pipeline's seed 0, whose results"),
         ("seed", 3, "set both (-S seed=3 -S 'seeds=[3]')"),
         ("seeds", [0, 1, 1], "seeds: [0, 1, 1] lists a seed twice"),

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .config.base import SEED_MAX
 from .config.methods import REGISTRY
 from .runtime import numerics
 from .runtime.entry import run_entry
@@ -76,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=None,
-        help="sampling seed (default: the evaluate stage's for the pipeline's predictor named "
+        help="sampling seed, 0 to 2**63 - 1 (default: the evaluate stage's for the pipeline's predictor named "
         "like --predictor, so its samples and probabilities are the stage's and the served "
         "model's; for another predictor of the method, e.g. dswag: the param sampling_seed "
         "of its MLflow run evaluate@<name>)",
@@ -205,8 +206,10 @@ def _evaluate(args: argparse.Namespace) -> None:
         raise UserError(f"--samples: must be >= 1 (got {args.samples})")
     if args.batch_size < 1:
         raise UserError(f"--batch-size: must be >= 1 (got {args.batch_size})")
-    if args.scale is not None and args.scale < 0:
-        raise UserError(f"--scale: must be >= 0 (got {args.scale})")
+    if args.scale is not None and not (math.isfinite(args.scale) and args.scale >= 0):
+        raise UserError(f"--scale: must be a finite number >= 0 (got {args.scale})")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
+        raise UserError(f"--seed: must be in [0, 2**63 - 1], as the pipeline's (got {args.seed})")
     if not 0 < args.bn_update_fraction <= 1:
         raise UserError(f"--bn-update-fraction: must be in (0, 1] (got {args.bn_update_fraction})")
     _check_outputs(args)

@@ -14,6 +14,9 @@ _NAME = r"^[a-z][a-z0-9_]*$"
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
+# A seed as torch's generators take it and ``seeding.derive_seed`` makes them: 63 bits.
+SEED_MAX = 2**63 - 1
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, lt=1)]

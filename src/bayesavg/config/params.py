@@ -12,7 +12,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from ..runtime.errors import UserError
-from .base import _NAME, NonNegInt, _Section
+from .base import _NAME, Seed, _Section
 from .data_model import DataParams, ModelParams
 from .evaluation import EvaluateParams
 from .methods import PROVIDES, REGISTRY
@@ -27,11 +27,11 @@ from .trajectories import (
 
 
 class Params(_Section):
-    seed: NonNegInt = 0
+    seed: Seed = 0
     # The seeds the report averages over: ``seed`` is the pipeline's own stages, every
     # other one the stages ``finetune_seed@<s>`` and ``evaluate_seed@<s>``, which rerun
     # every trajectory and predictor.
-    seeds: list[NonNegInt] = Field(default_factory=lambda: [0])
+    seeds: list[Seed] = Field(default_factory=lambda: [0])
     device: str = "auto"
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     channels_last: Literal["auto"] | bool = "auto"

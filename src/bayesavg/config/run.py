@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .base import NonNegInt, PosInt, _Section
+from .base import NonNegInt, PosInt, Seed, _Section
 
 
 class CheckpointParams(_Section):
@@ -40,7 +40,7 @@ class BootstrapParams(_Section):
     §10 asks for at least 1,000 resamples: fewer leave the 2.5% tails to a couple dozen)."""
 
     resamples: Annotated[int, Field(ge=1000)] = 2000
-    seed: NonNegInt = 0
+    seed: Seed = 0
 
 
 class ReportParams(_Section):

@@ -4,6 +4,11 @@ The experiment is ``tracking.experiment`` of params.yaml; its id is read from th
 (``mlflow.db``) with sqlite3 alone, without importing mlflow, so the address shows at
 once. Without a store or that experiment yet, the address of the experiments list.
 
+First, runs a killed stage left RUNNING (its process is gone: a SIGKILL of its group)
+are ended KILLED as the next stage would end them (``bayesavg.tracking.orphans``), so the
+UI does not show them running for good; mlflow is imported only when the experiment
+has a RUNNING run.
+
     python scripts/ui_url.py [--port 5000]
 """
 
@@ -32,9 +37,36 @@ def experiment_id(store: Path, name: str) -> str | None:
     return str(found[0]) if found else None
 
 
-def url(root: Path, port: int) -> str:
+def has_running(store: Path, exp_id: str) -> bool:
+    with sqlite3.connect(f"{store.as_uri()}?mode=ro", uri=True) as db:
+        row = db.execute(
+            "SELECT 1 FROM runs WHERE experiment_id = ? AND status = 'RUNNING' "
+            "AND lifecycle_stage = 'active' LIMIT 1",
+            (exp_id,),
+        )
+        return row.fetchone() is not None
+
+
+def end_orphans(root: Path) -> list[str]:
+    """End KILLED the experiment's runs whose process on this machine is gone: ``name (id)``."""
+    store = root / "mlflow.db"
+    found = experiment_id(store, experiment(root))
+    if found is None or not has_running(store, found):
+        return []
+    from bayesavg.tracking.mlflow_run import store_client
+    from bayesavg.tracking.orphans import sweep
+
+    uri = f"sqlite:///{store}"
+    return sweep(store_client(uri), found, uri)
+
+
+def experiment(root: Path) -> str:
     params = yaml.safe_load((root / "params.yaml").read_text()) or {}
-    name = (params.get("tracking") or {}).get("experiment", "bayesavg")
+    return (params.get("tracking") or {}).get("experiment", "bayesavg")
+
+
+def url(root: Path, port: int) -> str:
+    name = experiment(root)
     found = experiment_id(root / "mlflow.db", name)
     base = f"http://127.0.0.1:{port}/#/experiments"
     if found is None:
@@ -44,4 +76,8 @@ def url(root: Path, port: int) -> str:
 
 if __name__ == "__main__":
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 5000
+    ended = end_orphans(ROOT)
+    if ended:
+        print(f"Ended KILLED {len(ended)} run(s) left RUNNING by a process that is gone: ", end="")
+        print(", ".join(ended))
     print(f"Runs: {url(ROOT, port)}")

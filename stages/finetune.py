@@ -13,6 +13,7 @@ ensemble members spread across ranks), resumable under the same count.
 import sys
 from pathlib import Path
 
+from _checkpoint import stage_checkpoint
 from _common import (
     MANIFEST,
     PREPARED,
@@ -21,7 +22,6 @@ from _common import (
     main,
     mark_outputs,
     params,
-    stage_checkpoint,
     tracked,
     write_history,
 )

@@ -12,6 +12,7 @@
 
 from pathlib import Path
 
+from _checkpoint import stage_checkpoint
 from _common import (
     CLOCK_COLUMNS,
     MANIFEST,
@@ -20,7 +21,6 @@ from _common import (
     main,
     mark_outputs,
     params,
-    stage_checkpoint,
     tracked,
     write_history,
 )

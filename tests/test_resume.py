@@ -319,9 +319,9 @@ def test_checkpoint_key_follows_params_inputs_and_code(kill_repo: Path) -> None:
     repo = kill_repo
     code = (
         "import sys; sys.argv = ['stages/validate.py']; sys.path.insert(0, 'stages')\n"
-        "import _common\n"
+        "import _checkpoint, _common\n"
         "from pathlib import Path\n"
-        "print(_common.stage_checkpoint('finetune@x', _common.params(), {'lr': LR}, "
+        "print(_checkpoint.stage_checkpoint('finetune@x', _common.params(), {'lr': LR}, "
         "[Path('data/prepared/manifest.json')], DEVICE).key)\n"
     )
 

@@ -77,10 +77,10 @@ def _parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=None,
-        help="sampling seed, 0 to 2**63 - 1 (default: the evaluate stage's for the pipeline's predictor named "
-        "like --predictor, so its samples and probabilities are the stage's and the served "
-        "model's; for another predictor of the method, e.g. dswag: the param sampling_seed "
-        "of its MLflow run evaluate@<name>)",
+        help="sampling seed, 0 to 2**63 - 1 (default: the evaluate stage's for the pipeline's "
+        "predictor named like --predictor, so its samples and probabilities are the stage's and "
+        "the served model's; for another predictor of the method, e.g. dswag: the param "
+        "sampling_seed of its MLflow run evaluate@<name>)",
     )
     ev.add_argument(
         "--scale",

@@ -24,7 +24,7 @@ from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors.file import load_posterior
 from bayesavg.predict import MODEL_CODE
 from bayesavg.runtime.io import sha256_file
-from bayesavg.tracking.mlflow_run import register_best
+from bayesavg.tracking.registry import register_best
 from bayesavg.tracking.store import open_run
 
 if TYPE_CHECKING:
@@ -155,8 +155,8 @@ def test_registered_best_model_is_served_over_http(
     client = MlflowClient(tracking_uri=uri)
     run_id = client.get_logged_model(model_id).source_run_id
     candidates = {"swag": {"run_id": run_id, "val_nll": 0.1}}
-    assert register_best(uri, name, candidates) == "1"
-    assert register_best(uri, name, candidates) == "1", "same model: no new version"
+    assert register_best(client, uri, name, candidates) == "1"
+    assert register_best(client, uri, name, candidates) == "1", "same model: no new version"
     assert str(client.get_model_version_by_alias(name, "champion").version) == "1"
     assert "swag: models:/" in client.get_registered_model(name).description
     port = _free_port()

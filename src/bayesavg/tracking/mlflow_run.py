@@ -8,13 +8,13 @@ fluent one so no global "active run" leaks between stages or tests.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .registry import register_best
 from .serialized import serialized
 
 OUTPUT_TAG = "bayesavg.output."
@@ -233,7 +233,7 @@ class Run:
     def register_best(self, name: str, candidates: Mapping[str, Mapping[str, Any]]) -> None:
         """``register_best`` in this run's store, and tag this run with what it registered."""
         assert self.tracking_uri is not None
-        version = register_best(self.tracking_uri, name, candidates)
+        version = register_best(self._client, self.tracking_uri, name, candidates)
         self.set_tags({"registered_model": f"models:/{name}/{version}"})
 
     def record_in_parent(self, stage: str, reused: Mapping[str, str] | None, status: str) -> None:
@@ -324,48 +324,6 @@ def _requirements() -> list[str]:
             except PackageNotFoundError:
                 continue
     return found
-
-
-def register_best(tracking_uri: str, name: str, candidates: Mapping[str, Mapping[str, Any]]) -> str:
-    """Register the candidate with the lowest ``val_nll`` (each candidate: ``run_id`` of the
-    run that logged its model, ``val_nll``) as a new version of registered model ``name``,
-    alias ``champion``, unless its model already is the latest version; the registered
-    model's description lists every candidate, best first. Returns the version."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    client = store_client(tracking_uri)
-    mlflow.set_tracking_uri(tracking_uri)  # the registry resolves models:/ with the global one
-    models = {}
-    for pred, info in candidates.items():
-        outputs = client.get_run(info["run_id"]).outputs
-        found = outputs.model_outputs if outputs is not None else []
-        if found:
-            models[pred] = (found[-1].model_id, float(info["val_nll"]))
-    if not models:
-        raise ValueError("no candidate run logged a model")
-    ranked = sorted(models.items(), key=lambda kv: kv[1][1])
-    best = ranked[0][1][0]
-    with contextlib.suppress(MlflowException):  # it exists
-        client.create_registered_model(name)
-    versions = client.search_model_versions(f"name = '{name}'")
-    latest = max(versions, key=lambda v: int(v.version), default=None)
-    if latest is not None and latest.source.removeprefix("models:/") == best:
-        version = latest.version
-    else:
-        version = client.create_model_version(
-            name,
-            f"models:/{best}",
-            run_id=client.get_logged_model(best).source_run_id,
-            model_id=best,
-            tags={"predictor": ranked[0][0]},
-        ).version
-    client.set_registered_model_alias(name, "champion", str(version))
-    lines = [f"{p}: models:/{m} (validation NLL {v:.4f})" for p, (m, v) in ranked]
-    client.update_registered_model(
-        name, description="Best by validation NLL first. Candidates:\n" + "\n".join(lines)
-    )
-    return str(version)
 
 
 _CLIENTS: dict[str, Any] = {}

@@ -30,6 +30,7 @@ from bayesavg.runtime import launch, numerics
 from bayesavg.runtime.entry import run_entry
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
+from bayesavg.runtime.outputs import all_or_nothing
 from bayesavg.tracking.source import default_store, git_commit, source_tags
 from bayesavg.tracking.spool import is_remote
 from bayesavg.tracking.worker import Tracker, ended_status
@@ -175,6 +176,22 @@ class _Ledger:
     since = _bootstrap.STARTED  # the start of the next run's start-up
     since_at = _bootstrap.STARTED_AT
     last: tuple[Path, dict[str, Any]] | None = None
+    units: dict[str, str] | None = None  # in ``one_set``: its finished units' runs by name
+
+
+@contextlib.contextmanager
+def one_set(outputs: Sequence[Path], units: Sequence[str]) -> Iterator[None]:
+    """The body runs ``units``, each a tracked run, whose ``outputs`` stay all or none
+    (``all_or_nothing``): on a failure what the paths held before is back, the units'
+    runs/ ledger entries too (they then name the runs that made what is back), and the
+    runs of the units that had finished are marked rolled back in MLflow, since they
+    say FINISHED of outputs that are gone."""
+    _Ledger.units = {}
+    try:
+        with all_or_nothing([*outputs, *(run_file(unit) for unit in units)]):
+            yield
+    finally:
+        _Ledger.units = None
 
 
 @contextlib.contextmanager
@@ -254,14 +271,15 @@ def tracked(
         try:
             yield run
         except BaseException as err:
-            if parent is not None:
-                run.record_in_parent(stage, reused_runs(stage), ended_status(err))
+            rolled_back = dict(_Ledger.units or {})  # the set's units whose outputs go with it
+            if parent is not None or rolled_back:
+                run.record_in_parent(stage, reused_runs(stage), ended_status(err), rolled_back)
             raise
         done = time.perf_counter()
         seconds = {"startup": started - _Ledger.since, "compute": done - started}
         run.log_metrics({f"stage_{k}_seconds": v for k, v in seconds.items()})
         if parent is not None:
-            run.record_in_parent(stage, reused_runs(stage), "FINISHED")
+            run.record_in_parent(stage, reused_runs(stage), "FINISHED", {})
     record = {
         "run_id": run.run_id,
         "stage": stage,
@@ -272,6 +290,8 @@ def tracked(
     path = id_file or run_file(stage)
     write_json(path, record)
     _Ledger.last = (path, record)
+    if _Ledger.units is not None:
+        _Ledger.units[stage] = run.run_id
     _Ledger.since, _Ledger.since_at = time.perf_counter(), time.time()
 
 

@@ -26,15 +26,14 @@ from _common import (
     delegated,
     main,
     mark_outputs,
+    one_set,
     params,
-    run_file,
     tracked,
     write_history,
 )
 
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json
-from bayesavg.runtime.outputs import all_or_nothing
 
 if TYPE_CHECKING:
     import torch
@@ -102,11 +101,10 @@ def run() -> None:
         if delegated(share):
             return
         # Every W's files or none (a failure at the second W leaves no first): the stage's
-        # output folders when it runs every W, else the one W's files; and their runs/
-        # ledger entries, which then name the runs that made what is back.
+        # output folders when it runs every W, else the one W's files.
         folders = [f.parent for f in point_outputs(sweep.trajectory, 0)]  # any W's: the outs
         outs = folders if len(sys.argv) == 1 else point_outputs(sweep.trajectory, chosen[0])
-        with all_or_nothing([*outs, *(run_file(f"dswag_sweep@{w}") for w in chosen)]):
+        with one_set(outs, [f"dswag_sweep@{w}" for w in chosen]):
             data = load_prepared(PREPARED)
             for w in chosen:
                 _point(p, w, *variant(w), data, start, start_file, device)

@@ -25,16 +25,15 @@ from _common import (
     delegated,
     digest,
     main,
+    one_set,
     params,
     predictor_files,
-    run_file,
     scratch,
     tracked,
 )
 
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json, write_npz
-from bayesavg.runtime.outputs import all_or_nothing
 
 if TYPE_CHECKING:
     import torch
@@ -203,11 +202,10 @@ def run() -> None:
     if delegated(share):
         return
     # All the predictors' files or none (a failure in the third leaves no first two): the
-    # stage's output folders when it evaluates all, else the one predictor's files; and
-    # their runs/ ledger entries, which then name the runs that made what is back.
+    # stage's output folders when it evaluates all, else the one predictor's files.
     files = [f for name in names for f in predictor_files(trajectory, name)]
     outs = [f.parent for f in files] if len(sys.argv) == 2 else files
-    with all_or_nothing([*outs, *(run_file(f"evaluate@{name}") for name in names)]):
+    with one_set(outs, [f"evaluate@{name}" for name in names]):
         share()
 
 

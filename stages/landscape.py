@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import MANIFEST, PREPARED, main, params, run_file, tracked
+from _common import MANIFEST, PREPARED, main, one_set, params, tracked
 
 from bayesavg.config import Params
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json
-from bayesavg.runtime.outputs import all_or_nothing
 
 PLOTS = Path("plots/landscape")
 METRICS = Path("metrics/landscape")
@@ -321,10 +320,9 @@ def run() -> None:
     p = params()
     units = _units(p)
     # Every probe's files or none (a failure in the second leaves no first): the stage's
-    # output folders when it runs all, else the one probe's files; and their runs/ ledger
-    # entries, which then name the runs that made what is back.
+    # output folders when it runs all, else the one probe's files.
     outs = [PLOTS, METRICS, PLANES] if len(sys.argv) == 1 else _unit_outputs(*units[0])
-    with all_or_nothing([*outs, *(run_file(f"{kind}@{name}") for kind, name in units)]):
+    with one_set(outs, [f"{kind}@{name}" for kind, name in units]):
         for kind, name in units:
             inputs, logged = _settings(p, kind, name)
             with tracked(f"{kind}@{name}", p, logged, [MANIFEST, *inputs]) as mlrun:

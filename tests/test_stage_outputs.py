@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -418,3 +419,105 @@ def test_dswag_sweep_failing_at_its_second_w_leaves_no_partial_set(
         stage.run()
     assert units.calls == 2
     assert tree(tmp_path) == {**expected, "params.yaml": (ROOT / "params.yaml").read_bytes()}
+
+
+class _Recorder:
+    """A tracking worker's stand-in: the calls of each run it opens, in order."""
+
+    tracking_uri = "sqlite:///unused.db"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, tuple[Any, ...]]] = []
+        self.opened = 0
+
+    @contextlib.contextmanager
+    def run(self, name: str, **kwargs: Any) -> Iterator[Any]:
+        self.opened += 1
+        yield _RecordedRun(self, f"run-{self.opened}")
+
+
+class _RecordedRun:
+    def __init__(self, recorder: _Recorder, run_id: str) -> None:
+        self.recorder, self.run_id = recorder, run_id
+
+    def __getattr__(self, op: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: self.recorder.calls.append((self.run_id, op, args))
+
+
+@pytest.mark.parametrize("in_a_set", [True, False])
+def test_a_failing_unit_marks_its_set_s_finished_units_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_a_set: bool
+) -> None:
+    """In ``one_set`` the failing unit's run names the units that had finished (their
+    runs say FINISHED of outputs now gone), even outside a pipeline execution; their
+    files and runs/ ledger entries are gone. Outside a set there is nothing to name."""
+    load_stage("evaluate", tmp_path, monkeypatch)
+    import _bootstrap
+    import _common
+
+    recorder = _Recorder()
+    monkeypatch.setattr(_bootstrap, "tracker", recorder)
+    monkeypatch.setattr(_common, "execution", lambda: None)  # a stage run by hand
+    p = _common.params()
+    units = ["probe@a", "probe@b", "probe@c"]
+    scope = _common.one_set([Path("out")], units) if in_a_set else contextlib.nullcontext()
+    with pytest.raises(RuntimeError), scope:
+        for unit in units:
+            with _common.tracked(unit, p, {}):
+                if unit == "probe@c":
+                    raise RuntimeError("unit failed")
+                Path("out").mkdir(exist_ok=True)
+                Path("out", unit).write_text("new\n")
+    recorded = [args for run_id, op, args in recorder.calls if op == "record_in_parent"]
+    if in_a_set:
+        [(stage, _, status, rolled_back)] = recorded
+        assert (stage, status) == ("probe@c", "FAILED")
+        assert rolled_back == {"probe@a": "run-1", "probe@b": "run-2"}
+        assert not Path("out").exists() and not Path("runs").exists()
+    else:
+        assert recorded == []
+        assert sorted(p.name for p in Path("runs").iterdir()) == ["probe@a.json", "probe@b.json"]
+    assert _common._Ledger.units is None
+
+
+def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
+    tmp_path: Path,
+) -> None:
+    """The failing unit's record: each rolled-back run gets ``ROLLED_BACK_TAG`` saying
+    why, and the execution's note and summary name them."""
+    from mlflow.tracking import MlflowClient
+
+    from bayesavg.tracking.mlflow_run import PIPELINE_TAG, ROLLED_BACK_TAG
+    from bayesavg.tracking.store import open_run
+
+    uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    parent = {"key": "host:1:2:", "name": "dvc repro now"}
+
+    def unit(name: str) -> Any:
+        return open_run(
+            name, tracking_uri=uri, artifact_location=artifacts, experiment="e", parent=parent
+        )
+
+    done = {}
+    for name in ("evaluate@map", "evaluate@swa"):
+        run = unit(name)
+        run.record_in_parent(name, {}, "FINISHED")
+        run.terminate()
+        done[name] = run.run_id
+    failing = unit("evaluate@swag")
+    failing.record_in_parent("evaluate@swag", {}, "FAILED", done)
+    failing.terminate("FAILED")
+    client = MlflowClient(tracking_uri=uri)
+    for run_id in done.values():
+        tags = client.get_run(run_id).data.tags
+        assert tags[ROLLED_BACK_TAG].startswith(
+            "its outputs were removed when evaluate@swag, of the same stage, ended FAILED"
+        )
+        assert client.get_run(run_id).info.status == "FINISHED"
+    assert ROLLED_BACK_TAG not in client.get_run(failing.run_id).data.tags
+    parent_run = client.get_run(client.get_run(failing.run_id).data.tags["mlflow.parentRunId"])
+    assert parent_run.info.status == "FAILED"
+    note = parent_run.data.tags["mlflow.note.content"]
+    assert "Rolled back: evaluate@map, evaluate@swa (finished, but their outputs" in note
+    summary = json.loads(parent_run.data.tags[PIPELINE_TAG])
+    assert summary["rolled_back"] == ["evaluate@map", "evaluate@swa"]

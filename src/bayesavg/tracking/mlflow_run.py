@@ -28,6 +28,9 @@ STORED_TAG = "bayesavg.stored."
 # Why another process ended a run it found orphaned (``orphans``); dropped if the run's
 # own end arrives after all (a spool replayed once the tracking server answers again).
 ENDED_TAG = "bayesavg.ended"
+# On a unit's FINISHED run whose outputs a later unit's failure removed (a stage that
+# writes its units all or none): why they are gone.
+ROLLED_BACK_TAG = "bayesavg.rolled_back"
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -236,24 +239,40 @@ class Run:
         version = register_best(self._client, self.tracking_uri, name, candidates)
         self.set_tags({"registered_model": f"models:/{name}/{version}"})
 
-    def record_in_parent(self, stage: str, reused: Mapping[str, str] | None, status: str) -> None:
+    def record_in_parent(
+        self,
+        stage: str,
+        reused: Mapping[str, str] | None,
+        status: str,
+        rolled_back: Mapping[str, str] | None = None,
+    ) -> None:
         """Tell this run's parent (its pipeline execution) that ``stage`` ran here with
         ``status``, which stages it reused (stage -> the run that made their outputs;
         None: as recorded before), and end it: FINISHED only while every stage of the
         execution has finished, else the first other status a stage ended with.
+        ``rolled_back``: units (name -> run) whose outputs went with this failed one's;
+        each run is tagged ``ROLLED_BACK_TAG``, with or without a parent.
 
         Stages of one execution may run side by side (``scripts/repro.py``): this
         read-modify-write of the parent's summary holds the parent's lock, so each
         stage rewrites it whole from the last one's, and the last leaves it complete.
         """
+        why = f"its outputs were removed when {stage}, of the same stage, ended {status}"
+        for run_id in (rolled_back or {}).values():
+            self._client.set_tag(run_id, ROLLED_BACK_TAG, f"{why}: the stage writes all or none")
         parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
         if parent is None:
             return
         with serialized(self.tracking_uri or "", parent):
-            self._record(parent, stage, reused, status)
+            self._record(parent, stage, reused, status, list(rolled_back or ()))
 
     def _record(
-        self, parent: str, stage: str, reused: Mapping[str, str] | None, status: str
+        self,
+        parent: str,
+        stage: str,
+        reused: Mapping[str, str] | None,
+        status: str,
+        rolled_back: list[str],
     ) -> None:
         """``record_in_parent``'s read-modify-write, under the parent's lock."""
         import json
@@ -265,6 +284,7 @@ class Run:
         failed = {**found.get("failed", {})}
         if status != "FINISHED":
             failed.setdefault(stage, status)
+        rolled = sorted({*found.get("rolled_back", []), *rolled_back})
         status = next(iter(failed.values()), status)
         kept = {k: v for k, v in sorted(reused.items()) if k not in ran}
         note = [f"Ran {len(ran)} stage(s): {', '.join(ran)}."]
@@ -278,8 +298,14 @@ class Run:
             note.append(
                 "Did not finish: " + ", ".join(f"{k} ({v})" for k, v in failed.items()) + "."
             )
+        if rolled:
+            note.append(
+                f"Rolled back: {', '.join(rolled)} (finished, but their outputs were "
+                "removed when a later unit of their stage failed)."
+            )
+        extra = {"failed": failed} if failed else {}
         summary = json.dumps(
-            {"ran": ran, "reused": kept, **({"failed": failed} if failed else {})},
+            {"ran": ran, "reused": kept, **extra, **({"rolled_back": rolled} if rolled else {})},
             sort_keys=True,
         )
         self._client.set_tag(parent, PIPELINE_TAG, summary)

@@ -1,17 +1,15 @@
 """MLflow tracking in a helper process, so a stage pays for MLflow while it loads torch.
 
-Importing mlflow and opening its SQLAlchemy store take about 2 s, torch
-about 2 s more, one after the other in a stage that does both. A stage
-starts this worker first (``Tracker.spawn``): the worker imports mlflow
-and opens the store on one core while the stage imports torch on the
-other. The stage then talks to it through ``RemoteRun``, which has the
-methods of ``tracking.Run``; calls are JSON lines on the worker's stdin,
-executed in order. The worker answers each ``start`` with the run's id, which
-the stage reads only when it needs it. One worker serves the runs of a stage
-one after another (a stage that evaluates several predictors gives each its
-own run). When a run ends it is marked FINISHED or FAILED; if the stage dies
-without saying (SIGKILL), the worker sees its stdin close and marks the open
-run KILLED, and a resumed stage reopens it.
+Importing mlflow and opening its SQLAlchemy store take about 2 s, torch about 2 s more,
+one after the other in a stage that does both. A stage starts this worker first
+(``Tracker.spawn``): the worker imports mlflow and opens the store on one core while the
+stage imports torch on the other. The stage then talks to it through ``RemoteRun``,
+which has the methods of ``tracking.Run``; calls are JSON lines on the worker's stdin,
+executed in order. The worker answers each ``start`` with the run's id, which the stage
+reads only when it needs it. One worker serves the runs of a stage one after another (a
+stage that evaluates several predictors gives each its own run). When a run ends it is
+marked FINISHED or FAILED; if the stage dies without saying (SIGKILL), the worker sees
+its stdin close and marks the open run KILLED, and a resumed stage reopens it.
 
 The worker's first answer says whether the store is reachable (an HTTP server is
 asked; ``spool.check_reachable``): a stage tracking into a server that is down stops
@@ -235,8 +233,11 @@ class RemoteRun:
     def register_best(self, name: str, candidates: Mapping[str, Mapping[str, Any]]) -> None:
         self._tracker.send("register_best", name=name, candidates=_plain(candidates))
 
-    def record_in_parent(self, stage: str, reused: Mapping[str, str], status: str) -> None:
-        self._tracker.send("record_in_parent", stage=stage, reused=dict(reused), status=status)
+    def record_in_parent(
+        self, stage: str, reused: Mapping[str, str], status: str, rolled_back: Mapping[str, str]
+    ) -> None:
+        fields = {"reused": dict(reused), "rolled_back": dict(rolled_back)}
+        self._tracker.send("record_in_parent", stage=stage, status=status, **fields)
 
 
 def _plain(value: Any) -> Any:

@@ -519,5 +519,6 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     assert parent_run.info.status == "FAILED"
     note = parent_run.data.tags["mlflow.note.content"]
     assert "Rolled back: evaluate@map, evaluate@swa (finished, but their outputs" in note
+    assert "when a later unit of their stage did not finish" in note
     summary = json.loads(parent_run.data.tags[PIPELINE_TAG])
     assert summary["rolled_back"] == ["evaluate@map", "evaluate@swa"]

@@ -301,7 +301,7 @@ class Run:
         if rolled:
             note.append(
                 f"Rolled back: {', '.join(rolled)} (finished, but their outputs were "
-                "removed when a later unit of their stage failed)."
+                "removed when a later unit of their stage did not finish)."
             )
         extra = {"failed": failed} if failed else {}
         summary = json.dumps(

@@ -381,3 +381,60 @@ def test_swag_predictors_sample_at_the_asked_scale(method: str) -> None:
     diag_only = method == "swag_diag"
     expected = torch.stack([swag.sample(2.0, diag_only=diag_only, generator=g) for _ in range(3)])
     torch.testing.assert_close(_drawn(post, method, 2.0, seed=4, n=3), expected, rtol=0, atol=0)
+
+
+def test_swag_refuses_one_snapshot_and_swag_diag_samples_it() -> None:
+    """With one snapshot there is no deviation to span a low-rank term: swag says so in
+    one line, swag_diag (which needs none) samples."""
+    from bayesavg.runtime.errors import UserError
+
+    swag = SWAG(num_params=3, max_rank=4)
+    swag.collect(torch.ones(3))
+    post = _posterior(swag.mean, collector=swag.state_dict())
+    with pytest.raises(UserError, match="swag needs at least 2 snapshots, t has 1"):
+        _drawn(post, "swag", 0.5, seed=0, n=1)
+    assert _drawn(post, "swag_diag", 0.5, seed=0, n=2).shape == (2, 3)
+
+
+def test_multiswag_draws_each_member_s_swag_in_turn_at_the_asked_scale() -> None:
+    """Network s comes from member s mod M's SWAG at the requested scale (here 2), all
+    from the one generator stream."""
+    g = torch.Generator().manual_seed(0)
+    swags = []
+    for _ in range(3):
+        swag = SWAG(num_params=4, max_rank=3)
+        for _ in range(4):
+            swag.collect(torch.randn(4, generator=g))
+        swags.append(swag)
+    post = _posterior(
+        swags[0].mean,
+        samples={
+            "theta": torch.stack([s.mean for s in swags]),
+            "buffers": None,
+            "collectors": [s.state_dict() for s in swags],
+        },
+    )
+    g = torch.Generator().manual_seed(7)
+    expected = torch.stack([swags[s % 3].sample(2.0, generator=g) for s in range(6)])
+    torch.testing.assert_close(
+        _drawn(post, "multiswag", 2.0, seed=7, n=6), expected, rtol=0, atol=0
+    )
+
+
+def test_sigma_ratio_is_sigma_over_sigma_init_by_quantile() -> None:
+    """What training did to the variances: quantiles of softplus(rho) / sigma_init."""
+    import numpy as np
+
+    from bayesavg.config.methods import REGISTRY
+    from bayesavg.predictors.sampling import sigma_ratio
+
+    rho = torch.linspace(-6.0, 1.0, 101)
+    post = _posterior(torch.zeros(101), rho=rho)
+    post.extra["sigma_init"] = 0.05
+    ratio = (nn.functional.softplus(rho.double()) / 0.05).numpy()
+    got = sigma_ratio(post, REGISTRY["vi"])
+    assert got is not None
+    assert got["min"] == pytest.approx(ratio.min()) and got["max"] == pytest.approx(ratio.max())
+    assert got["mean"] == pytest.approx(ratio.mean())
+    assert got["median"] == pytest.approx(np.quantile(ratio, 0.5))
+    assert got["p10"] == pytest.approx(np.quantile(ratio, 0.1))

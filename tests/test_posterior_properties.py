@@ -438,3 +438,19 @@ def test_sigma_ratio_is_sigma_over_sigma_init_by_quantile() -> None:
     assert got["mean"] == pytest.approx(ratio.mean())
     assert got["median"] == pytest.approx(np.quantile(ratio, 0.5))
     assert got["p10"] == pytest.approx(np.quantile(ratio, 0.1))
+
+
+def test_ensemble_members_keep_their_own_batchnorm_buffers() -> None:
+    """Member s is its own weights with its own BatchNorm statistics, not the first's."""
+    from bayesavg.config.methods import REGISTRY
+    from bayesavg.predictors.sampling import draws
+
+    thetas = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    buffers = [{"bn.running_mean": torch.full((2,), float(i))} for i in range(3)]
+    post = _posterior(thetas[0], samples={"theta": thetas, "buffers": buffers})
+    made = draws(post, REGISTRY["ensemble"], 1.0, torch.Generator(), torch.device("cpu"), 3)
+    for s in range(3):
+        theta, member_buffers = made.draw(s)
+        assert torch.equal(theta, thetas[s])
+        assert member_buffers is not None
+        assert torch.equal(member_buffers["bn.running_mean"], buffers[s]["bn.running_mean"])

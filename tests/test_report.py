@@ -936,12 +936,14 @@ def test_holm_rejects_as_the_step_down_rule_says() -> None:
     assert holm([0.01, 0.02, 0.012], 0.05) == [True, True, True]
     assert holm([0.2, 0.001], 0.05) == [False, True]
     assert holm([], 0.05) == []
+    assert holm([0.025, 0.05], 0.05) == [True, True], "a p on the bound is rejected"
+    assert holm([0.05], 0.05) == [True] and holm([0.0501], 0.05) == [False]
     g = torch.Generator().manual_seed(0)
     for _ in range(50):
         ps = torch.rand(6, generator=g).pow(3).tolist()
         order = sorted(range(6), key=lambda i: ps[i])
         k = 0
-        while k < 6 and ps[order[k]] < 0.05 / (6 - k):
+        while k < 6 and ps[order[k]] <= 0.05 / (6 - k):
             k += 1
         assert holm(ps, 0.05) == [i in order[:k] for i in range(6)]
 

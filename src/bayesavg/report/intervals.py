@@ -280,11 +280,12 @@ def carried_by(per_point: torch.Tensor) -> int:
 
 def holm(p_values: list[float], alpha: float) -> list[bool]:
     """Holm's step-down: which of m tests are rejected at family-wise error ``alpha``
-    (the k-th smallest p against alpha / (m - k + 1), stopping at the first that fails)."""
+    (the k-th smallest p rejected while p <= alpha / (m - k + 1), as Holm 1979 and
+    statsmodels: a bootstrap p of 2,000 resamples can equal the bound exactly)."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])
     rejected = [False] * len(p_values)
     for k, i in enumerate(order):
-        if not p_values[i] < alpha / (len(p_values) - k):
+        if not p_values[i] <= alpha / (len(p_values) - k):
             break
         rejected[i] = True
     return rejected

@@ -1,6 +1,6 @@
 """Properties the other metric tests left unchecked, found by hand-made mutation testing:
 each test here fails for a plausible slip in the code (named in its docstring) and holds
-for the definitions in ALGORITHMS §7, §9-§11."""
+for the definitions in ALGORITHMS §7, §9-§11 (sharpness: test_sharpness.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from bayesavg.evaluation.calibrated import calibrated_metrics, deep_ensemble_equivalent
 from bayesavg.evaluation.metrics import (
@@ -23,7 +22,6 @@ from bayesavg.evaluation.metrics import (
 )
 from bayesavg.evaluation.ood import auroc, fpr_at_tpr, ood_metrics, ood_scores_from_log
 from bayesavg.evaluation.selective import risk_coverage, selective_metrics
-from bayesavg.evaluation.sharpness import hessian_trace, sam_sharpness
 from bayesavg.predictors.calibration import fit_temperature
 from bayesavg.report import auroc_intervals, stats
 from bayesavg.report.auroc_intervals import paired_auroc, resampled_auroc
@@ -254,55 +252,6 @@ def test_ood_and_test_strata_draw_different_resamples(monkeypatch: pytest.Monkey
     paired_auroc(reference, candidate, resamples=50, seed=3)
     assert len(drawn) == 2 and drawn[0].shape == drawn[1].shape
     assert not torch.equal(drawn[0], drawn[1])
-
-
-# --- ALGORITHMS §5: sharpness in eval mode --------------------------------------------
-
-
-def _dropout_setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """A model whose train-mode loss is random (dropout): in eval mode it is a fixed
-    function of the weights, which both sharpness measures rely on."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Dropout(0.5), nn.Linear(6, 2)).double()
-    return model, torch.randn(16, 3, dtype=torch.float64), torch.randint(0, 2, (16,))
-
-
-def test_sam_sharpness_measures_the_eval_mode_loss() -> None:
-    """The one-step SAM increase of the deterministic (eval-mode) loss, even when the
-    model arrives in train mode."""
-    model, x, y = _dropout_setup()
-    model.eval()
-    loss = nn.functional.cross_entropy(model(x), y)
-    grads = torch.autograd.grad(loss, list(model.parameters()))
-    norm = torch.sqrt(sum((g**2).sum() for g in grads))
-    with torch.no_grad():
-        for p, g in zip(model.parameters(), grads, strict=True):
-            p.add_(0.1 * g / norm)
-        expected = (nn.functional.cross_entropy(model(x), y) - loss).item()
-        for p, g in zip(model.parameters(), grads, strict=True):
-            p.sub_(0.1 * g / norm)
-    model.train()
-    assert sam_sharpness(model, x, y, rho=0.1, batch_size=5) == pytest.approx(expected, abs=1e-10)
-
-
-def test_hessian_trace_probes_the_eval_mode_hessian() -> None:
-    """Each probe is v^T H v with H the eval-mode Hessian, even from a train-mode model."""
-    model, x, y = _dropout_setup()
-    model.eval()
-    params = list(model.parameters())
-    grads = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), params, create_graph=True)
-    flat_grad = torch.cat([g.flatten() for g in grads])
-    rows = [torch.autograd.grad(g, params, retain_graph=True) for g in flat_grad]
-    h = torch.stack([torch.cat([r.flatten() for r in row]) for row in rows])
-    shapes = [p.shape for p in params]
-    model.train()
-    got = hessian_trace(model, x, y, probes=3, generator=torch.Generator().manual_seed(4))
-    draw = torch.Generator().manual_seed(4)
-    for estimate in got:
-        v = torch.cat(
-            [torch.randint(0, 2, s, generator=draw).flatten() * 2 - 1 for s in shapes]
-        ).double()
-        assert float(estimate) == pytest.approx(float(v @ h @ v), rel=1e-9, abs=1e-12)
 
 
 # --- report statistics ---------------------------------------------------------------

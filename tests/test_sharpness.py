@@ -47,19 +47,25 @@ def test_hutchinson_converges_to_the_exact_trace() -> None:
     assert abs(estimate - exact) < 5 * stderr + 1e-9
 
 
-def test_sam_sharpness_matches_the_definition_and_restores_weights() -> None:
-    model, x, y = _setup()
-    before = [p.detach().clone() for p in model.parameters()]
-    got = sam_sharpness(model, x, y, rho=0.1, batch_size=6)
+def _sam_by_hand(model: nn.Module, x: torch.Tensor, y: torch.Tensor, rho: float) -> float:
+    """L(w + rho g / |g|) - L(w) on the whole batch, the model in the mode it is in."""
     loss = nn.functional.cross_entropy(model(x), y)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     norm = torch.sqrt(sum((g**2).sum() for g in grads))
     with torch.no_grad():
         for p, g in zip(model.parameters(), grads, strict=True):
-            p.add_(0.1 * g / norm)
+            p.add_(rho * g / norm)
         expected = (nn.functional.cross_entropy(model(x), y) - loss).item()
         for p, g in zip(model.parameters(), grads, strict=True):
-            p.sub_(0.1 * g / norm)
+            p.sub_(rho * g / norm)
+    return expected
+
+
+def test_sam_sharpness_matches_the_definition_and_restores_weights() -> None:
+    model, x, y = _setup()
+    before = [p.detach().clone() for p in model.parameters()]
+    got = sam_sharpness(model, x, y, rho=0.1, batch_size=6)
+    expected = _sam_by_hand(model, x, y, 0.1)
     assert abs(got - expected) < 1e-10
     assert got > 0
     assert all(torch.allclose(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -203,3 +209,35 @@ class _FakePosterior:
             for p in found.parameters():
                 p.mul_(1 + index / 2)
         return found
+
+
+def _dropout_setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A model whose train-mode loss is random (dropout): in eval mode it is a fixed
+    function of the weights, which both sharpness measures rely on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Dropout(0.5), nn.Linear(6, 2)).double()
+    return model, torch.randn(16, 3, dtype=torch.float64), torch.randint(0, 2, (16,))
+
+
+def test_sam_sharpness_measures_the_eval_mode_loss() -> None:
+    """The one-step SAM increase of the deterministic (eval-mode) loss, even when the
+    model arrives in train mode."""
+    model, x, y = _dropout_setup()
+    expected = _sam_by_hand(model.eval(), x, y, 0.1)
+    model.train()
+    assert sam_sharpness(model, x, y, rho=0.1, batch_size=5) == pytest.approx(expected, abs=1e-10)
+
+
+def test_hessian_trace_probes_the_eval_mode_hessian() -> None:
+    """Each probe is v^T H v with H the eval-mode Hessian, even from a train-mode model."""
+    model, x, y = _dropout_setup()
+    h = _full_hessian(model.eval(), x, y)
+    shapes = [p.shape for p in model.parameters()]
+    model.train()
+    got = hessian_trace(model, x, y, probes=3, generator=torch.Generator().manual_seed(4))
+    draw = torch.Generator().manual_seed(4)
+    for estimate in got:
+        v = torch.cat(
+            [torch.randint(0, 2, s, generator=draw).flatten() * 2 - 1 for s in shapes]
+        ).double()
+        assert float(estimate) == pytest.approx(float(v @ h @ v), rel=1e-9, abs=1e-12)

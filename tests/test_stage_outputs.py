@@ -505,20 +505,27 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
         run.terminate()
         done[name] = run.run_id
     failing = unit("evaluate@swag")
-    failing.record_in_parent("evaluate@swag", {}, "FAILED", done)
-    failing.terminate("FAILED")
     client = MlflowClient(tracking_uri=uri)
+    client.set_tag(done["evaluate@swa"], "mlflow.note.content", "a user's own words")
+    failing.record_in_parent("evaluate@swag", {"pretrain": "a-run-id"}, "FAILED", done)
+    failing.terminate("FAILED")
     for run_id in done.values():
         tags = client.get_run(run_id).data.tags
         assert tags[ROLLED_BACK_TAG].startswith(
             "its outputs were removed when evaluate@swag, of the same stage, ended FAILED"
         )
         assert client.get_run(run_id).info.status == "FINISHED"
+        # the run page's description says so first, above what it said before
+        assert tags["mlflow.note.content"].startswith(f"Rolled back: {tags[ROLLED_BACK_TAG]}.")
+    swa_note = client.get_run(done["evaluate@swa"]).data.tags["mlflow.note.content"]
+    assert swa_note.endswith("\n\na user's own words")
     assert ROLLED_BACK_TAG not in client.get_run(failing.run_id).data.tags
     parent_run = client.get_run(client.get_run(failing.run_id).data.tags["mlflow.parentRunId"])
     assert parent_run.info.status == "FAILED"
     note = parent_run.data.tags["mlflow.note.content"]
     assert "Rolled back: evaluate@map, evaluate@swa (finished, but their outputs" in note
+    # what went wrong first, before the reused stages' list the UI folds away
+    assert note.index("Did not finish") < note.index("Rolled back") < note.index("Reused")
     assert "when a later unit of their stage did not finish" in note
     summary = json.loads(parent_run.data.tags[PIPELINE_TAG])
     assert summary["rolled_back"] == ["evaluate@map", "evaluate@swa"]

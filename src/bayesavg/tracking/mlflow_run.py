@@ -31,6 +31,7 @@ ENDED_TAG = "bayesavg.ended"
 # On a unit's FINISHED run whose outputs a later unit's failure removed (a stage that
 # writes its units all or none): why they are gone.
 ROLLED_BACK_TAG = "bayesavg.rolled_back"
+NOTE_TAG = "mlflow.note.content"  # a run's description in the UI
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -257,9 +258,15 @@ class Run:
         read-modify-write of the parent's summary holds the parent's lock, so each
         stage rewrites it whole from the last one's, and the last leaves it complete.
         """
-        why = f"its outputs were removed when {stage}, of the same stage, ended {status}"
+        why = (
+            f"its outputs were removed when {stage}, of the same stage, ended {status}: the "
+            "stage writes all or none"
+        )
         for run_id in (rolled_back or {}).values():
-            self._client.set_tag(run_id, ROLLED_BACK_TAG, f"{why}: the stage writes all or none")
+            self._client.set_tag(run_id, ROLLED_BACK_TAG, why)
+            described = self._client.get_run(run_id).data.tags.get(NOTE_TAG)  # the UI shows it
+            note = f"Rolled back: {why}." + (f"\n\n{described}" if described else "")
+            self._client.set_tag(run_id, NOTE_TAG, note)
         parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
         if parent is None:
             return
@@ -288,13 +295,7 @@ class Run:
         status = next(iter(failed.values()), status)
         kept = {k: v for k, v in sorted(reused.items()) if k not in ran}
         note = [f"Ran {len(ran)} stage(s): {', '.join(ran)}."]
-        if kept:
-            note.append(
-                f"Reused {len(kept)} stage(s) DVC skipped; their outputs come from: "
-                + "; ".join(f"{k} (run {v})" for k, v in kept.items())
-                + "."
-            )
-        if failed:
+        if failed:  # before the reused stages' long list, which the UI folds
             note.append(
                 "Did not finish: " + ", ".join(f"{k} ({v})" for k, v in failed.items()) + "."
             )
@@ -303,13 +304,19 @@ class Run:
                 f"Rolled back: {', '.join(rolled)} (finished, but their outputs were "
                 "removed when a later unit of their stage did not finish)."
             )
+        if kept:
+            note.append(
+                f"Reused {len(kept)} stage(s) DVC skipped; their outputs come from: "
+                + "; ".join(f"{k} (run {v})" for k, v in kept.items())
+                + "."
+            )
         extra = {"failed": failed} if failed else {}
         summary = json.dumps(
             {"ran": ran, "reused": kept, **extra, **({"rolled_back": rolled} if rolled else {})},
             sort_keys=True,
         )
         self._client.set_tag(parent, PIPELINE_TAG, summary)
-        self._client.set_tag(parent, "mlflow.note.content", " ".join(note))
+        self._client.set_tag(parent, NOTE_TAG, " ".join(note))
         self._client.set_terminated(parent, status=status)
         _unsweep(self._client, parent)
 

@@ -8,8 +8,6 @@ parameter, a SAM step in the wrong direction) fails here.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn
@@ -55,34 +53,6 @@ def test_float64_snapshots_keep_float64_moments() -> None:
     expected = snaps.var(0, unbiased=False)
     assert expected.min() > 1e-20
     torch.testing.assert_close(collector.variance(), expected, rtol=1e-6, atol=0)
-
-
-# --- SWAG sampling (§2) ----------------------------------------------------------------
-
-
-def test_two_snapshots_already_give_the_low_rank_term() -> None:
-    """k = 2 is the smallest rank with a low-rank term: noise = sqrt(scale) D^T z2 / sqrt(1).
-
-    With var ~ 0 every draw lies in the row space of D and its coefficients have
-    variance scale / (k - 1) = scale; dropping the term at k = 2 leaves draws at the mean.
-    """
-    d, k, scale, n_samples = 12, 2, 0.5, 3000
-    devs = torch.randn(k, d, generator=torch.Generator().manual_seed(4))
-    state = {
-        "num_params": d,
-        "max_rank": 5,
-        "n_collected": k,
-        "mean": torch.zeros(d, dtype=torch.float64),
-        "m2": torch.zeros(d, dtype=torch.float64),
-        "deviations": devs,
-    }
-    swag = SWAG.from_state_dict(state)
-    g = torch.Generator().manual_seed(5)
-    samples = torch.stack([swag.sample(scale, generator=g) for _ in range(n_samples)]).double()
-    coef = torch.linalg.lstsq(devs.double().T, samples.T).solution
-    assert (samples.T - devs.double().T @ coef).abs().max() < 1e-5
-    expected = scale / (k - 1)
-    assert ((coef.var(1) - expected).abs() < SIGMAS * expected * math.sqrt(2 / n_samples)).all()
 
 
 # --- HWA (§4) --------------------------------------------------------------------------

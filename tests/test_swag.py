@@ -198,13 +198,15 @@ def test_noise_scales_with_sqrt_scale() -> None:
     torch.testing.assert_close(noises[0], noises[1], rtol=1e-5, atol=1e-5)
 
 
-def test_one_z2_shared_by_the_whole_vector() -> None:
+@pytest.mark.parametrize("k", [2, 3])
+def test_one_z2_shared_by_the_whole_vector(k: int) -> None:
     """With var ~ 0 (clamped to 1e-30) the noise is D^T z2 / sqrt(k-1): in the span of D.
 
-    Per-coordinate or per-block z2 would leave the 3-dimensional row space of D.
-    Over many samples the coefficients have variance scale / (k - 1).
+    Per-coordinate or per-block z2 would leave the k-dimensional row space of D.
+    Over many samples the coefficients have variance scale / (k - 1). k = 2 is the
+    smallest rank with a low-rank term: dropping it there leaves draws at the mean.
     """
-    d, k, scale, n_samples = 20, 3, 0.5, 3000
+    d, scale, n_samples = 20, 0.5, 3000
     g = torch.Generator().manual_seed(9)
     devs = torch.randn(k, d, generator=g)
     state = {

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
@@ -30,7 +30,7 @@ from bayesavg.runtime import launch, numerics
 from bayesavg.runtime.entry import run_entry
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
-from bayesavg.runtime.outputs import all_or_nothing
+from bayesavg.runtime.outputs import all_or_nothing, finish_killed
 from bayesavg.tracking.source import default_store, git_commit, source_tags
 from bayesavg.tracking.spool import is_remote
 from bayesavg.tracking.worker import Tracker, ended_status
@@ -177,6 +177,7 @@ class _Ledger:
     since_at = _bootstrap.STARTED_AT
     last: tuple[Path, dict[str, Any]] | None = None
     units: dict[str, str] | None = None  # in ``one_set``: its finished units' runs by name
+    killed: ClassVar[dict[str, str]] = {}  # a killed set's finished units (``one_set``)
 
 
 @contextlib.contextmanager
@@ -185,13 +186,30 @@ def one_set(outputs: Sequence[Path], units: Sequence[str]) -> Iterator[None]:
     (``all_or_nothing``): on a failure what the paths held before is back, the units'
     runs/ ledger entries too (they then name the runs that made what is back), and the
     runs of the units that had finished are marked rolled back in MLflow, since they
-    say FINISHED of outputs that are gone."""
+    say FINISHED of outputs that are gone. So are those of a set killed before it ended
+    (SIGKILL: nothing was left to mark them), whose roll-back finishes here."""
+    ledger = {unit: run_file(unit) for unit in units}
+    paths = [*outputs, *ledger.values()]
+    before = {unit: _ledger_run(path) for unit, path in ledger.items()}
+    finish_killed(paths)
+    _Ledger.killed = {
+        unit: run for unit, run in before.items() if run and run != _ledger_run(ledger[unit])
+    }
     _Ledger.units = {}
     try:
-        with all_or_nothing([*outputs, *(run_file(unit) for unit in units)]):
+        with all_or_nothing(paths):
             yield
     finally:
-        _Ledger.units = None
+        _Ledger.units, _Ledger.killed = None, {}
+
+
+def _ledger_run(path: Path) -> str | None:
+    """The run a runs/ ledger entry names (None: no entry, or not one ``tracked`` wrote)."""
+    try:
+        run = json.loads(path.read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run if isinstance(run, str) else None
 
 
 @contextlib.contextmanager
@@ -265,6 +283,11 @@ def tracked(
         close=False,
     ) as run:
         run.log_params({"seed": p.seed, "device": p.device, **logged})
+        if _Ledger.killed:
+            why = f"its outputs were removed when {run_tags['dvc_stage']} ran again after the "
+            why += "execution that made them was killed before the stage's other units ended"
+            run.mark_rolled_back(_Ledger.killed, why)
+            _Ledger.killed = {}
         if MANIFEST in inputs:
             run.log_datasets(prepared_datasets(MANIFEST))
         started = time.perf_counter()

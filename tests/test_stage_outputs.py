@@ -480,6 +480,60 @@ def test_a_failing_unit_marks_its_set_s_finished_units_rolled_back(
     assert _common._Ledger.units is None
 
 
+def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILL leaves nothing running to mark the killed set's finished units; the next
+    set over the same units finishes that roll-back (their ledger entries name the earlier
+    runs again) and its first run marks the runs the killed set's entries named: those
+    alone, once."""
+    load_stage("evaluate", tmp_path, monkeypatch)
+    import _bootstrap
+    import _common
+
+    recorder = _Recorder()
+    monkeypatch.setattr(_bootstrap, "tracker", recorder)
+    monkeypatch.setattr(_common, "execution", lambda: None)
+    p = _common.params()
+    units = ["probe@a", "probe@b", "probe@c"]
+    ledger = [Path("runs", f"{unit}.json") for unit in units]
+    Path("runs").mkdir()
+    Path("out").mkdir()
+    for unit, entry in zip(units, ledger, strict=True):  # an earlier complete set
+        entry.write_text(json.dumps({"run_id": f"old-{unit}"}))
+        Path("out", unit).write_text("old\n")
+    Path("runs", "other.json").write_text(json.dumps({"run_id": "not-in-the-set"}))
+    pid = os.fork()
+    if pid == 0:  # two units finish, then the whole process is gone
+        try:
+            with all_or_nothing([Path("out"), *ledger]):
+                Path("out").mkdir()
+                for unit, entry in zip(units[:2], ledger[:2], strict=True):
+                    Path("out", unit).write_text("killed\n")
+                    entry.write_text(json.dumps({"run_id": f"killed-{unit}"}))
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)  # never back into pytest
+    assert os.waitpid(pid, 0)[1] == signal.SIGKILL  # killed, not failed
+
+    def one_set() -> list[tuple[str, tuple[Any, ...]]]:
+        recorder.calls.clear()
+        with _common.one_set([Path("out")], units):
+            for unit in units:
+                with _common.tracked(unit, p, {}):
+                    Path("out").mkdir(exist_ok=True)
+                    Path("out", unit).write_text("new\n")
+        return [(run_id, args) for run_id, op, args in recorder.calls if op == "mark_rolled_back"]
+
+    [(marking, (runs, why))] = one_set()
+    assert marking == f"run-{recorder.opened - 2}"  # the set's first run
+    assert runs == {"probe@a": "killed-probe@a", "probe@b": "killed-probe@b"}
+    assert why.startswith("its outputs were removed when probe@a ran again after the execution")
+    assert [json.loads(e.read_text())["run_id"] for e in ledger] == ["run-1", "run-2", "run-3"]
+    assert one_set() == []  # nothing killed before this one
+    assert not list(Path().rglob(".*.old")) and _common._Ledger.killed == {}
+
+
 def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     tmp_path: Path,
 ) -> None:

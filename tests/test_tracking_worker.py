@@ -3,6 +3,7 @@ spawned by the stage or forked by ``scripts/repro.py``'s server (every test runs
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from bayesavg.tracking import forks
-from bayesavg.tracking.worker import Tracker, TrackingError
+from bayesavg.tracking.mlflow_run import ROLLED_BACK_TAG, Run
+from bayesavg.tracking.worker import RemoteRun, Tracker, TrackingError
 
 
 @pytest.fixture(autouse=True, params=["spawned", "forked"])
@@ -116,6 +118,38 @@ def test_one_worker_serves_runs_one_after_another(mlflow_store: tuple[str, str])
         got = _run(mlflow_store, run_id)
         assert got.info.run_name == name and got.info.status == "FINISHED"
         assert got.data.metrics == {"nll": float(i)}
+
+
+def test_a_run_marks_others_rolled_back_through_the_worker(
+    mlflow_store: tuple[str, str],
+) -> None:
+    """``mark_rolled_back`` reaches the store: the runs named get the tag and a description
+    saying why, the run that names them does not."""
+    tracker = Tracker.spawn(*mlflow_store)
+    with tracker.run("probe@a", experiment="e", tags={}, inputs={}, close=False) as first:
+        pass
+    with tracker.run("probe@b", experiment="e", tags={}, inputs={}) as second:
+        second.mark_rolled_back({"probe@a": first.run_id}, "its outputs were removed")
+    why = "its outputs were removed: the stage writes all or none"
+    tags = _run(mlflow_store, first.run_id).data.tags
+    assert tags[ROLLED_BACK_TAG] == why
+    assert tags["mlflow.note.content"] == f"Rolled back: {why}."
+    assert ROLLED_BACK_TAG not in _run(mlflow_store, second.run_id).data.tags
+
+
+def test_the_worker_s_run_takes_what_the_stage_s_run_sends() -> None:
+    """The worker calls ``Run``'s method of each op's name with the fields sent: every
+    method of ``RemoteRun`` has its namesake in ``Run``, with the same parameters (one
+    that forwards ``**fields`` whatever ``Run``'s takes by keyword)."""
+    sent = {n: m for n, m in vars(RemoteRun).items() if callable(m) and not n.startswith("_")}
+    assert "mark_rolled_back" in sent
+    for name, method in sent.items():
+        stage_side = inspect.signature(method).parameters
+        worker_side = inspect.signature(getattr(Run, name)).parameters
+        if list(stage_side) == ["self", "fields"]:
+            assert all(p.kind is not p.POSITIONAL_ONLY for p in worker_side.values()), name
+        else:
+            assert list(stage_side) == list(worker_side), name
 
 
 def test_upstream_runs_are_found_by_the_bytes_they_wrote(mlflow_store: tuple[str, str]) -> None:

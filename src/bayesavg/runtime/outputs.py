@@ -18,8 +18,9 @@ set growing, as it would without this. The old contents wait beside each path
 
 A SIGKILL leaves no chance to roll back: the old contents stay aside and the paths
 hold what the body had written. The next ``all_or_nothing`` over a path finishes
-that roll-back first (``_finish_killed``), so the old contents are what it then
-moves aside, and what it puts back if it fails too.
+that roll-back first (``finish_killed``, which a caller may also call before, to see
+what it puts back), so the old contents are what it then moves aside, and what it puts
+back if it fails too.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
         raise
     for _, aside in moved:
         _remove(aside)
+
+
+def finish_killed(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Finish the roll-back of a killed ``all_or_nothing`` over ``paths``, if there was one."""
+    for path in _outermost(paths):
+        _finish_killed(path)
 
 
 def _finish_killed(path: Path) -> None:

@@ -258,20 +258,25 @@ class Run:
         read-modify-write of the parent's summary holds the parent's lock, so each
         stage rewrites it whole from the last one's, and the last leaves it complete.
         """
-        why = (
-            f"its outputs were removed when {stage}, of the same stage, ended {status}: the "
-            "stage writes all or none"
-        )
-        for run_id in (rolled_back or {}).values():
-            self._client.set_tag(run_id, ROLLED_BACK_TAG, why)
-            described = self._client.get_run(run_id).data.tags.get(NOTE_TAG)  # the UI shows it
-            note = f"Rolled back: {why}." + (f"\n\n{described}" if described else "")
-            self._client.set_tag(run_id, NOTE_TAG, note)
+        if rolled_back:
+            why = f"its outputs were removed when {stage}, of the same stage, ended {status}"
+            self.mark_rolled_back(rolled_back, why)
         parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
         if parent is None:
             return
         with serialized(self.tracking_uri or "", parent):
             self._record(parent, stage, reused, status, list(rolled_back or ()))
+
+    def mark_rolled_back(self, runs: Mapping[str, str], why: str) -> None:
+        """Tag each of ``runs`` (unit -> run), FINISHED of outputs that are gone,
+        ``ROLLED_BACK_TAG``: ``why`` (the stage writes all or none); its description, which
+        the UI shows on the run's page, says so first."""
+        why = f"{why}: the stage writes all or none"
+        for run_id in runs.values():
+            self._client.set_tag(run_id, ROLLED_BACK_TAG, why)
+            described = self._client.get_run(run_id).data.tags.get(NOTE_TAG)
+            note = f"Rolled back: {why}." + (f"\n\n{described}" if described else "")
+            self._client.set_tag(run_id, NOTE_TAG, note)
 
     def _record(
         self,

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -290,3 +291,16 @@ def replay_all(folder: Path, tracking_uri: str, artifact_location: str) -> tuple
     """Replay every pending spool for the store: (spools, calls) sent."""
     spools = pending(folder, tracking_uri)
     return len(spools), sum(replay(s, tracking_uri, artifact_location) for s in spools)
+
+
+def replay_pending(folder: Path, tracking_uri: str, artifact_location: str) -> None:
+    """``replay_all`` at a stage's start, saying what it sent on stderr; a failure is one
+    warning line and leaves the spools for later (the stage's own calls go on)."""
+    try:
+        spools, calls = replay_all(folder, tracking_uri, artifact_location)
+    except Exception as err:
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        sys.stderr.write(f"warning: could not replay the tracking spool in {folder} ({first})\n")
+        return
+    if spools:
+        sys.stderr.write(f"tracking: replayed {calls} spooled calls from {spools} spool(s)\n")

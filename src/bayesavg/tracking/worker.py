@@ -239,6 +239,9 @@ class RemoteRun:
         fields = {"reused": dict(reused), "rolled_back": dict(rolled_back)}
         self._tracker.send("record_in_parent", stage=stage, status=status, **fields)
 
+    def mark_rolled_back(self, runs: Mapping[str, str], why: str) -> None:
+        self._tracker.send("mark_rolled_back", runs=dict(runs), why=why)
+
 
 def _plain(value: Any) -> Any:
     """Params as JSON-ready values (tuples as lists; anything else as its text)."""
@@ -266,7 +269,7 @@ def serve(
     the one-line reason in ``error``). A call that fails later sends it and every later
     call to a spool under ``spool_dir`` instead (``spool``), and the stage goes on.
     """
-    from .spool import Spool, bound_retries, check_reachable, load_ids, replay_all, resolve
+    from .spool import Spool, bound_retries, check_reachable, load_ids, replay_pending, resolve
 
     bound_retries()
     problem = check_reachable(tracking_uri)
@@ -284,7 +287,7 @@ def serve(
     gc.freeze()
     gc.enable()
     if spool_dir is not None:
-        _replay_pending(spool_dir, tracking_uri, artifact_location, replay_all)
+        replay_pending(spool_dir, tracking_uri, artifact_location)
     ids = load_ids(spool_dir) if spool_dir is not None else {}
     run = None
     index = -1  # this worker's runs, counted from 0
@@ -348,18 +351,6 @@ def _cause(spool: Any) -> str:
 def _answer(stdout: IO[str], message: Mapping[str, Any]) -> None:
     stdout.write(json.dumps(message) + "\n")
     stdout.flush()
-
-
-def _replay_pending(folder: Path, uri: str, artifacts: str, replay_all: Any) -> None:
-    """Send what earlier stages spooled for this store; a failure leaves it for later."""
-    try:
-        spools, calls = replay_all(folder, uri, artifacts)
-    except Exception as err:
-        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-        sys.stderr.write(f"warning: could not replay the tracking spool in {folder} ({first})\n")
-        return
-    if spools:
-        sys.stderr.write(f"tracking: replayed {calls} spooled calls from {spools} spool(s)\n")
 
 
 def ended_status(err: BaseException) -> str:

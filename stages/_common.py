@@ -287,6 +287,8 @@ def tracked(
             why = f"its outputs were removed when {run_tags['dvc_stage']} ran again after the "
             why += "execution that made them was killed before the stage's other units ended"
             run.mark_rolled_back(_Ledger.killed, why)
+            named = ", ".join(f"{unit} ({rid})" for unit, rid in _Ledger.killed.items())
+            print(f"marked MLflow run(s) of a killed set rolled back: {named}", file=sys.stderr)
             _Ledger.killed = {}
         if MANIFEST in inputs:
             run.log_datasets(prepared_datasets(MANIFEST))

@@ -481,7 +481,7 @@ def test_a_failing_unit_marks_its_set_s_finished_units_rolled_back(
 
 
 def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A SIGKILL leaves nothing running to mark the killed set's finished units; the next
     set over the same units finishes that roll-back (their ledger entries name the earlier
@@ -526,6 +526,10 @@ def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
         return [(run_id, args) for run_id, op, args in recorder.calls if op == "mark_rolled_back"]
 
     [(marking, (runs, why))] = one_set()
+    assert capsys.readouterr().err == (
+        "marked MLflow run(s) of a killed set rolled back: probe@a (killed-probe@a), "
+        "probe@b (killed-probe@b)\n"
+    )
     assert marking == f"run-{recorder.opened - 2}"  # the set's first run
     assert runs == {"probe@a": "killed-probe@a", "probe@b": "killed-probe@b"}
     assert why.startswith("its outputs were removed when probe@a ran again after the execution")

@@ -84,9 +84,12 @@ def starts(params: Any, mnist5k_prepared: Any) -> dict[str, PosteriorFile]:
 
 # (trajectory, saves before the interruption): with every=1 a run saves after
 # each epoch, and an ensemble also after each finished member (member 0: 3 + 1).
+# swag's third save is after its last epoch: a stage killed between the end of training
+# and its outputs resumes with nothing left to train.
 CASES = [
     ("sgd", 1),
     ("swag", 2),
+    ("swag", 3),
     ("fswag", 1),
     ("vi", 2),
     ("hwa", 1),

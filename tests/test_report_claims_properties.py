@@ -27,6 +27,7 @@ from bayesavg.report.intervals import Interval, resample_counts
 from bayesavg.report.sections import baselines, comparisons, headline, seeds
 from bayesavg.report.stats import spearman
 from bayesavg.report.uncertainty import Comparison, Settings, compute
+from bayesavg.runtime.errors import UserError
 
 KEYS = ("accuracy", "nll", "ece", "brier")
 
@@ -351,3 +352,19 @@ def test_a_value_on_its_bound_is_accepted(key: str, value: object) -> None:
     for part in key.split("."):
         node = getattr(node, part)
     assert node == value or node.model_dump() == value  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("test", "val", "ok"), [(0.5, 0.4, True), (0.7, 0.2, True), (0.5, 0.41, False)]
+)
+def test_the_splits_leave_at_least_ten_percent_for_training(
+    test: float, val: float, ok: bool
+) -> None:
+    """Exactly 10% left for training is accepted, whatever the sum's float rounding."""
+    raw = yaml.safe_load((test_config.ROOT / "params.yaml").read_text())
+    raw["data"].update(test_fraction=test, val_fraction=val)
+    if ok:
+        assert parse_params(raw).data.test_fraction == test
+    else:
+        with pytest.raises(UserError, match="must leave at least 10% for training"):
+            parse_params(raw)

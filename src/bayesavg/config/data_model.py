@@ -54,7 +54,7 @@ class DataParams(_Section):
             self.image_size is None or self.resize_size < self.image_size
         ):
             raise ValueError("resize_size: needs image_size, and at least as large")
-        if self.test_fraction + self.val_fraction >= 0.9:
+        if self.test_fraction + self.val_fraction > 0.9 + 1e-9:  # 0.5 + 0.4 leaves 10%
             raise ValueError("test_fraction + val_fraction must leave at least 10% for training")
         return self
 

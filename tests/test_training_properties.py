@@ -4,6 +4,8 @@ partly frozen networks, the optimizers' wiring, sharding and augmentation draws.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -40,6 +42,19 @@ def _brute_stats(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel float64 mean and unbiased variance; channels on dim 1."""
     flat = h.double().transpose(0, 1).reshape(h.shape[1], -1)
     return flat.mean(1), flat.var(1, unbiased=True)
+
+
+def _plain_sgd(model: nn.Module, data: Any, **options: Any) -> list[dict[str, float]]:
+    """``train`` with momentum-free SGD at rate 0 (unless ``lr`` is given), one epoch of
+    batches of 8, a generator seeded 0, no log lines; ``options`` override or add."""
+    kwargs: dict[str, Any] = {
+        "epochs": 1,
+        "batch_size": 8,
+        "lr": lambda i: 0.0,
+        "generator": torch.Generator().manual_seed(0),
+        "log_epochs": False,
+    }
+    return train(model, sgd(model, 0.0, 0.0), data, **{**kwargs, **options})
 
 
 # --- the training loop ---------------------------------------------------------------
@@ -94,16 +109,7 @@ def test_train_trains_a_model_handed_over_in_eval_mode() -> None:
     """The loop switches the network to train mode: BatchNorm normalises by batch
     statistics and updates its running statistics even at rate 0."""
     model = _mlp(2, batch_norm=True).eval()
-    train(
-        model,
-        sgd(model, 0.0, 0.0),
-        _data(16),
-        epochs=1,
-        batch_size=8,
-        lr=lambda i: 0.0,
-        generator=torch.Generator().manual_seed(0),
-        log_epochs=False,
-    )
+    _plain_sgd(model, _data(16))
     assert int(model[1].num_batches_tracked) == 2
     assert not torch.equal(model[1].running_mean, torch.zeros(8))
 
@@ -131,18 +137,7 @@ def test_validation_rows_read_the_monitoring_subset() -> None:
     model = _mlp(6)
     val = _data(40, seed=7)
     monitoring = Monitoring(fraction=0.25, seed=11)
-    history = train(
-        model,
-        sgd(model, 0.0, 0.0),
-        _data(16),
-        epochs=1,
-        batch_size=8,
-        lr=lambda i: 0.0,
-        generator=torch.Generator().manual_seed(0),
-        val_data=val,
-        monitoring=monitoring,
-        log_epochs=False,
-    )
+    history = _plain_sgd(model, _data(16), val_data=val, monitoring=monitoring)
     subset = monitoring.subset(val)
     assert len(subset) == 10
     loss, acc = loss_and_accuracy(model, subset)
@@ -169,17 +164,7 @@ def test_augmentation_is_drawn_per_epoch_from_the_seed_and_epoch(
     aug = Augment(crop_padding=1, flip=True)
     data = TrainData(x, torch.randint(0, 3, (12,), generator=g), [0.5], [0.25], aug)
     model = nn.Sequential(nn.Flatten(), nn.Linear(36, 3))
-    train(
-        model,
-        sgd(model, 0.0, 0.0),
-        data,
-        epochs=2,
-        batch_size=6,
-        lr=lambda i: 0.01,
-        generator=torch.Generator().manual_seed(0),
-        augment_seed=5,
-        log_epochs=False,
-    )
+    _plain_sgd(model, data, epochs=2, batch_size=6, lr=lambda i: 0.01, augment_seed=5)
     assert len(drawn) == 2
     for epoch, got in enumerate(drawn, start=1):
         want = draw_epoch(12, aug, torch.Generator().manual_seed(derive_seed(5, "augment", epoch)))

@@ -533,7 +533,9 @@ def _launch(tmp_path: Path, mode: str, out: str) -> subprocess.Popen[str]:
     script = tmp_path / "launched.py"
     if not script.exists():
         script.write_text(LAUNCHED)
-    environ = env(BAYESAVG_NPROC="2")
+    scratch = _scratch(tmp_path, out)
+    scratch.mkdir()
+    environ = env(BAYESAVG_NPROC="2", TMPDIR=str(scratch))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         environ.pop(name, None)
     return subprocess.Popen(
@@ -544,6 +546,15 @@ def _launch(tmp_path: Path, mode: str, out: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _scratch(folder: Path, out: str) -> Path:
+    """The job's own temporary folder ($TMPDIR), to see what it leaves there."""
+    return folder / f"tmp-{out}"
+
+
+def _left_behind(folder: Path, out: str) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in _scratch(folder, out).rglob("*"))
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
@@ -571,6 +582,7 @@ def test_a_rank_user_error_ends_the_job_fast(user_error_job: tuple[int, str, Pat
     assert err.strip().splitlines()[-1] == "error: rank 1 of 2: shard 7 is empty; lower clients"
     assert "Traceback" not in err
     assert not (folder / "out").exists(), "rank 0 went on after its peer failed"
+    assert _left_behind(folder, "out") == [], "torchrun made a torchelastic_* folder per job"
 
 
 def test_a_rank_user_error_is_the_only_line(user_error_job: tuple[int, str, Path]) -> None:
@@ -587,6 +599,7 @@ def test_a_rank_bug_ends_the_job_with_its_traceback(tmp_path: Path) -> None:
     assert last == "error: rank 1 of 2: ValueError: an unexpected bug in rank one", err
     assert err.count("Traceback") == 1, "only the failing rank's traceback"
     assert not (tmp_path / "out").exists()
+    assert _left_behind(tmp_path, "out") == []
 
 
 @pytest.mark.slow  # ~16 s on 2 cores: two torchrun jobs
@@ -597,6 +610,7 @@ def test_two_jobs_at_once_do_not_clash(tmp_path: Path) -> None:
         assert code == 0, err
     for i in range(2):
         assert (tmp_path / f"out{i}").read_text() == "[3.0, 3.0, 3.0]"
+        assert _left_behind(tmp_path, f"out{i}") == []
 
 
 # --- 8: dvc repro on 1 and 2 processes: the same bytes, one finished run each --------

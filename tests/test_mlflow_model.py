@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -98,8 +99,17 @@ def posterior(tmp_path: Path, tiny_posteriors: TinyPosteriors) -> Path:
 
 @pytest.mark.parametrize("stored", [False, True])
 def test_pyfunc_round_trip_gives_evaluates_probabilities(
-    tmp_path: Path, posterior: Path, mnist5k_prepared: PreparedDir, stored: bool
+    tmp_path: Path,
+    posterior: Path,
+    mnist5k_prepared: PreparedDir,
+    stored: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """... and leaves nothing in the temporary folder: loading a model whose posterior
+    another run stores downloaded it into a new folder there on every load."""
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     images = _images(mnist5k_prepared)
     uri, model_id = _log(tmp_path, posterior, images, stored)
     mlflow.set_tracking_uri(uri)
@@ -118,6 +128,7 @@ def test_pyfunc_round_trip_gives_evaluates_probabilities(
     assert np.array_equal(out["predicted_class"], expected.argmax(1))
     entropy = -(expected * np.log(expected)).sum(1)
     np.testing.assert_allclose(out["entropy"], entropy, atol=1e-9)
+    assert sorted(p.name for p in scratch.rglob("*")) == []
     assert (out["mutual_info"] >= 0).all() and (out["mutual_info"] <= out["entropy"] + 1e-12).all()
     signature = loaded.metadata.signature
     assert signature.inputs.inputs[0].shape == (-1, 1, 28, 28)

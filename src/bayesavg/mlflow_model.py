@@ -5,6 +5,8 @@ runs the file when the model is saved."""
 
 from __future__ import annotations
 
+import tempfile
+
 import mlflow.pyfunc
 import numpy as np
 from mlflow.models import set_model
@@ -19,16 +21,23 @@ class PosteriorModel(mlflow.pyfunc.PythonModel):
         from bayesavg.predict import Predictor, PredictorConfig
 
         config = dict(context.model_config or {})
-        path = (context.artifacts or {}).get("posterior")
-        if path is None:
-            path = mlflow.artifacts.download_artifacts(config["posterior_uri"])
         bn = (context.artifacts or {}).get("bn_images")
         images = None
         if bn is not None:
             import torch
 
             images = torch.load(bn, weights_only=True)
-        self._predict = Predictor(path, PredictorConfig.from_mapping(config), images)
+        predictor = PredictorConfig.from_mapping(config)
+        path = (context.artifacts or {}).get("posterior")
+        if path is not None:
+            self._predict = Predictor(path, predictor, images)
+            return
+        # Downloaded into a folder removed once the posterior is in memory: without a
+        # destination MLflow downloads into a new temporary folder on every load and
+        # leaves it (a posterior's size, each time).
+        with tempfile.TemporaryDirectory(prefix="bayesavg-posterior-") as tmp:
+            path = mlflow.artifacts.download_artifacts(config["posterior_uri"], dst_path=tmp)
+            self._predict = Predictor(path, predictor, images)
 
     def predict(self, context, model_input: np.ndarray, params=None):
         """The input as the logged signature gives it (a uint8 tensor: an array). The

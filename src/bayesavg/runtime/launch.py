@@ -74,9 +74,12 @@ def relaunch(argv: Sequence[str]) -> None:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    args = get_args_parser().parse_args(
-        ["--standalone", f"--nproc-per-node={nproc()}", "--max-restarts=0", *argv]
-    )
+    # torchrun's per-attempt folders go inside the errors folder, which is removed at the
+    # end: left to itself it makes a ``torchelastic_*`` folder in $TMPDIR on every run and
+    # never removes it.
+    logs = os.path.join(errors, "torchrun")
+    flags = ["--standalone", f"--nproc-per-node={nproc()}", "--max-restarts=0"]
+    args = get_args_parser().parse_args([*flags, "--log-dir", logs, *argv])
     try:
         run(args)
     except ChildFailedError:
@@ -89,6 +92,8 @@ def _first_failure(errors: str) -> str:
     """The earliest failure a rank recorded, as one line (the traceback first if a bug)."""
     records = []
     for name in os.listdir(errors):
+        if not (name.startswith("rank") and name.endswith(".json")):
+            continue  # torchrun's logs
         with open(os.path.join(errors, name)) as f:
             records.append(json.load(f))
     if not records:

@@ -20,9 +20,9 @@ from pipeline_repo import PYTHON, default_params, env, make_repo
 
 from bayesavg.runtime.io import write_json
 from bayesavg.tracking import spool as spool_module
-from bayesavg.tracking.mlflow_run import PIPELINE_TAG, Run, store_client
+from bayesavg.tracking.mlflow_run import FAILURE_TAG, PIPELINE_TAG, Run, store_client
 from bayesavg.tracking.source import default_store
-from bayesavg.tracking.worker import serve
+from bayesavg.tracking.worker import DIED, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(PYTHON).parent
@@ -113,6 +113,7 @@ def test_a_run_started_during_the_outage_is_created_by_the_replay(
     )
     assert found.info.run_name == "finetune@swag" and found.data.tags["k"] == "v"
     assert found.data.metrics == {"acc": 0.9} and found.info.status == "KILLED"
+    assert found.data.tags[FAILURE_TAG] == DIED, "the replayed end says why, as a live one"
 
 
 def test_a_replay_gives_placeholders_their_ids_and_sends_files_the_stage_deleted(

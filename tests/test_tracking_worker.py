@@ -7,13 +7,14 @@ import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from bayesavg.tracking import forks
-from bayesavg.tracking.mlflow_run import ROLLED_BACK_TAG, Run
-from bayesavg.tracking.worker import RemoteRun, Tracker, TrackingError
+from bayesavg.tracking.mlflow_run import FAILURE_TAG, NOTE_TAG, ROLLED_BACK_TAG, Run
+from bayesavg.tracking.worker import DIED, RemoteRun, Tracker, TrackingError
 
 
 @pytest.fixture(autouse=True, params=["spawned", "forked"])
@@ -43,7 +44,7 @@ def test_a_tracker_s_end_closes_its_pipes(mlflow_store: tuple[str, str], end: st
     assert set(os.listdir("/proc/self/fd")) == before
 
 
-def _run(mlflow_store: tuple[str, str], run_id: str) -> object:
+def _run(mlflow_store: tuple[str, str], run_id: str) -> Any:
     return MlflowClient(tracking_uri=mlflow_store[0]).get_run(run_id)
 
 
@@ -74,13 +75,20 @@ def test_a_run_is_logged_in_order_and_finished(
 
 
 def test_an_exception_ends_the_run_failed(mlflow_store: tuple[str, str]) -> None:
+    """... and the UI's run says why, in the line its stage ended with (``said_of``),
+    before the description it had."""
+    tracker = Tracker.spawn(*mlflow_store)
     with (
         pytest.raises(KeyError),
-        Tracker.spawn(*mlflow_store).run("s", experiment="e", tags={}, inputs={}) as run,
+        tracker.run("s", experiment="e", tags={NOTE_TAG: "earlier note"}, inputs={}) as run,
     ):
         run_id = run.run_id
         raise KeyError("the stage's own error propagates")
-    assert _run(mlflow_store, run_id).info.status == "FAILED"
+    got = _run(mlflow_store, run_id)
+    assert got.info.status == "FAILED"
+    said = 'KeyError: "the stage\'s own error propagates"'
+    assert got.data.tags[FAILURE_TAG] == said
+    assert got.data.tags[NOTE_TAG] == f"Failed: {said}\n\nearlier note"
 
 
 def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
@@ -91,7 +99,9 @@ def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
     assert tracker.unreachable() is None  # the first answer: the store is reachable
     run_id = tracker.receive()["run_id"]  # the worker answers a start with the run's id
     tracker.close()  # what SIGKILL does to the stage's end of the pipe
-    assert _run(mlflow_store, run_id).info.status == "KILLED"
+    killed = _run(mlflow_store, run_id)
+    assert killed.info.status == "KILLED"
+    assert killed.data.tags[FAILURE_TAG] == DIED
     with Tracker.spawn(*mlflow_store).run(
         "s", experiment="e", tags={}, inputs={}, resume=run_id
     ) as run:

@@ -1,6 +1,7 @@
 """The error handling every entry point shares (the CLI and the DVC stages).
 
-A ``UserError`` becomes one line on stderr and exit code 2; an interruption (Ctrl-C,
+A ``UserError`` (or a full disk, ``errors.as_user_error``) becomes one line on stderr
+and exit code 2; an interruption (Ctrl-C,
 or SIGTERM from a timeout, a cancelled job or ``kill``) one line and the shell's exit
 code for that signal, 130 or 143; anything else is a bug and keeps its traceback. A
 module of its own so that a stage importing it does not import the CLI (and with it the
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-from .errors import EXIT_USER_ERROR, UserError
+from .errors import EXIT_USER_ERROR, UserError, as_user_error
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
@@ -55,13 +56,24 @@ def _early(signum: int, frame: FrameType | None) -> None:
     os._exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
+def said_of(err: BaseException) -> str:
+    """The line an entry point ends with for ``err``, without its ``error: ``: the user
+    error's message, the interruption, or a bug's type and first line (its traceback is
+    printed too). The tracking records it as why a run failed."""
+    if isinstance(err, KeyboardInterrupt):
+        return _said(isinstance(err, Terminated))
+    user = as_user_error(err)
+    line = str(user) if user is not None else f"{type(err).__name__}: {err}"
+    return (line.splitlines() or [type(err).__name__])[0][:500]
+
+
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
 def run_entry(fn: Callable[[], None]) -> None:
-    """Run an entry point; a UserError exits 2 with one line and no traceback, an
-    interruption exits 130 (SIGINT) or 143 (SIGTERM) with one line."""
+    """Run an entry point; a UserError or a full disk exits 2 with one line and no
+    traceback, an interruption exits 130 (SIGINT) or 143 (SIGTERM) with one line."""
     setup_logging()
     previous = signal.signal(signal.SIGTERM, _terminate)
     before = signal.getsignal(signal.SIGINT)
@@ -76,6 +88,12 @@ def run_entry(fn: Callable[[], None]) -> None:
         terminated = isinstance(err, Terminated)
         print(_said(terminated), file=sys.stderr)
         sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+    except Exception as err:
+        user = as_user_error(err)
+        if user is None:
+            raise
+        print(f"error: {user}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, before)

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import disk_full, no_space
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -35,6 +37,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     The temp file is fsynced before the rename and the directory after it:
     without that, a power loss after the rename can leave ``path`` empty or
     garbled (the rename reaches the disk before the data) instead of old or new.
+    A full disk ends as a ``UserError`` naming ``path`` (torch's own report of it
+    is "unexpected pos 1487936 vs 1487840"), the temp file removed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,6 +51,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         _fsync(tmp_path, os.O_RDONLY)
         os.replace(tmp_path, path)
         _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except Exception as err:
+        if disk_full(err) is None:
+            raise
+        tmp_path.unlink(missing_ok=True)  # first: what is free is then said right
+        raise no_space(path) from err
     finally:
         tmp_path.unlink(missing_ok=True)
 

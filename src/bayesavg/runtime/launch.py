@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from . import numerics
 from .entry import setup_logging
-from .errors import UserError
+from .errors import UserError, as_user_error
 
 NPROC_ENV = "BAYESAVG_NPROC"
 ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
@@ -116,18 +116,19 @@ def rank_entry(fn: Callable[[], None]) -> int:
     try:
         fn()
     except BaseException as err:
-        user = isinstance(err, UserError)
+        said = as_user_error(err)
+        user = said is not None
         record = {
             "rank": int(os.environ.get("RANK", "0")),
             "world": int(os.environ.get("WORLD_SIZE", "1")),
             "time": time.time(),
             "user_error": user,
-            "message": str(err) if user else f"{type(err).__name__}: {err}",
+            "message": str(said) if user else f"{type(err).__name__}: {err}",
             "traceback": traceback.format_exc(),
         }
         folder = os.environ.get(ERRORS_ENV)
         if folder is None:  # a rank started by hand, not by relaunch: say it here
-            sys.stderr.write(record["traceback"] if not user else f"error: {err}\n")
+            sys.stderr.write(record["traceback"] if not user else f"error: {said}\n")
         else:
             with open(os.path.join(folder, f"rank{record['rank']}.json"), "w") as f:
                 json.dump(record, f)

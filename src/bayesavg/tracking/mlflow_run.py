@@ -32,6 +32,8 @@ ENDED_TAG = "bayesavg.ended"
 # writes its units all or none): why they are gone.
 ROLLED_BACK_TAG = "bayesavg.rolled_back"
 NOTE_TAG = "mlflow.note.content"  # a run's description in the UI
+# On a FAILED or KILLED run: why, in the one line its stage ended with.
+FAILURE_TAG = "bayesavg.failure"
 _MAX_METRICS = 1000
 _MAX_PARAMS = 100
 _MAX_PARAM_CHARS = 6000
@@ -154,8 +156,14 @@ class Run:
         so a later run that reads those bytes can find this one (``store._upstream``)."""
         self.set_tags({f"{OUTPUT_TAG}{path}": digest for path, digest in digests.items()})
 
-    def terminate(self, status: str = "FINISHED") -> None:
-        """End the run: FINISHED, FAILED or KILLED."""
+    def terminate(self, status: str = "FINISHED", why: str | None = None) -> None:
+        """End the run: FINISHED, FAILED or KILLED. ``why`` (a FAILED or KILLED run's one
+        line) goes in ``FAILURE_TAG`` and leads its description: without it the UI shows
+        a failed run and not what the stage said."""
+        if why:
+            described = self._client.get_run(self.run_id).data.tags.get(NOTE_TAG)
+            note = f"{status.capitalize()}: {why}" + (f"\n\n{described}" if described else "")
+            self.set_tags({FAILURE_TAG: why, NOTE_TAG: note})
         self._client.set_terminated(self.run_id, status=status)
         _unsweep(self._client, self.run_id)
 

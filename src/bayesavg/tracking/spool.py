@@ -242,7 +242,7 @@ def replay(spool: Path, tracking_uri: str, artifact_location: str) -> int:
             placeholder = Spool(spool).placeholder(int(run))
             _record_id(spool.parent, ids, placeholder, opened.run_id)
         elif op == "end":
-            runs[run].terminate(record["status"])
+            runs[run].terminate(**record)
         elif op != "outage":
             try:
                 getattr(runs[run], op)(**record)

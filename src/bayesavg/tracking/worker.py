@@ -33,9 +33,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ..runtime.entry import said_of
 from . import forks
 
 KILLED = "KILLED"  # a run whose stage died without ending it
+DIED = "its stage's process ended without ending the run (SIGKILL, or out of memory)"
 
 
 class TrackingError(RuntimeError):
@@ -171,7 +173,7 @@ class Tracker:
             yield run
         except BaseException as err:
             with contextlib.suppress(TrackingError):
-                self.send("end", status=ended_status(err))
+                self.send("end", status=ended_status(err), why=said_of(err))
                 self.close()
             raise
         _ = run.run_id  # known to the stage after the worker is gone (the run id file)
@@ -311,7 +313,7 @@ def serve(
                     _answer(stdout, {"run_id": run.run_id})
                 elif op == "end":
                     assert run is not None
-                    run.terminate(msg["status"])
+                    run.terminate(**msg)
                     ended = True
                 else:
                     assert run is not None
@@ -329,7 +331,7 @@ def serve(
     if spool is not None:
         if index >= 0 and not ended:
             spool.add(index, "record_in_parent", {"stage": name, "reused": None, "status": KILLED})
-            spool.add(index, "end", {"status": KILLED})
+            spool.add(index, "end", {"status": KILLED, "why": DIED})
         sys.stderr.write(
             f"warning: MLflow tracking at {tracking_uri} failed during this stage "
             f"({_cause(spool)}); its outputs are written, and {spool.calls} tracking "
@@ -339,7 +341,7 @@ def serve(
     elif run is not None and not ended:  # the stage died without ending its run
         with contextlib.suppress(Exception):
             run.record_in_parent(name, None, KILLED)
-        run.terminate(KILLED)
+        run.terminate(KILLED, DIED)
     return 0
 
 

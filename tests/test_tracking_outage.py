@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -72,7 +73,7 @@ def test_a_call_failing_mid_stage_is_spooled_and_replayed_once(
     run_id = answers[1]["run_id"]
     lines = capsys.readouterr().err.strip().splitlines()  # mlflow's own INFO lines too
     warning = [line for line in lines if line.startswith("warning:")]
-    assert len(warning) == 1 and "3 tracking calls are kept in" in warning[0]
+    assert len(warning) == 1 and "its outputs are written, and 3 tracking calls" in warning[0]
     assert "ConnectionError: Connection refused" in warning[0]
     [spooled] = list((tmp_path / "spool").glob("*.jsonl"))
     ops = [json.loads(line)["op"] for line in spooled.read_text().splitlines()]
@@ -89,6 +90,32 @@ def test_a_call_failing_mid_stage_is_spooled_and_replayed_once(
     assert spool_module.replay_all(tmp_path / "spool", uri, artifacts) == (0, 0)
     history = store_client(uri).get_metric_history(run_id, "b")
     assert len(history) == 1  # sent once
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        {"op": "end", "status": "FAILED", "why": "no space left on the device"},
+        {"op": "end", "status": "KILLED", "why": "interrupted by SIGTERM"},
+        None,  # the stage died
+    ],
+    ids=["failed", "interrupted", "died"],
+)
+def test_a_stage_that_did_not_finish_is_not_said_to_have_written_its_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], end: Any
+) -> None:
+    """The warning about kept calls says the outputs are written only when they are: a
+    stage that failed (its disk full, as the store's) or died wrote none."""
+    import bayesavg.tracking.store as store
+
+    monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("full")))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    metrics = {"op": "log_metrics", "metrics": {"acc": 0.9}}
+    code, _ = _serve(uri, tmp_path, START, metrics, *([end] if end else []))
+    assert code == 0
+    [warning] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
+    assert re.search(r"\(OSError: full\); \d tracking calls are kept in ", warning), warning
+    assert "outputs are written" not in warning
 
 
 def test_a_run_started_during_the_outage_is_created_by_the_replay(

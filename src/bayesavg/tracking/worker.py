@@ -294,7 +294,7 @@ def serve(
     run = None
     index = -1  # this worker's runs, counted from 0
     name = ""
-    ended = False
+    ended = failed = False  # failed: a run of this stage ended otherwise than FINISHED
     spool: Spool | None = None
     for line in stdin:
         msg = resolve(json.loads(line), ids)  # runs the replay has created since
@@ -328,13 +328,15 @@ def serve(
         if op == "start":
             _answer(stdout, {"run_id": spool.placeholder(index)})
         ended = ended or op == "end"
+        failed = failed or (op == "end" and msg["status"] != "FINISHED")
     if spool is not None:
         if index >= 0 and not ended:
             spool.add(index, "record_in_parent", {"stage": name, "reused": None, "status": KILLED})
             spool.add(index, "end", {"status": KILLED, "why": DIED})
+        written = "" if failed or (index >= 0 and not ended) else "its outputs are written, and "
         sys.stderr.write(
             f"warning: MLflow tracking at {tracking_uri} failed during this stage "
-            f"({_cause(spool)}); its outputs are written, and {spool.calls} tracking "
+            f"({_cause(spool)}); {written}{spool.calls} tracking "
             f"calls are kept in {spool.path}: the next stage that reaches the server "
             "sends them, or run `bayesavg track --sync`\n"
         )

@@ -1,7 +1,8 @@
-"""A full disk ends a stage, the CLI or a rank with one line naming what could not be
-written and how much is free, exit code 2, and nothing half-written: torch's own report
-of it ("unexpected pos 1487936 vs 1487840") is a traceback of its zip writer. The
-"no space" errors here are the kernel's own, from writing to /dev/full."""
+"""A full disk, or a batch too large for the memory, ends a stage, the CLI or a rank with
+one line saying what to do, exit code 2, and nothing half-written. A full disk's line
+names the file and how much is free: torch's own report of it ("unexpected pos 1487936
+vs 1487840") is a traceback of its zip writer. The "no space" errors here are the
+kernel's own, from writing to /dev/full; the CPU allocator's refusal is torch's own."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ import torch
 
 from bayesavg.runtime import io, launch
 from bayesavg.runtime.entry import Terminated, run_entry, said_of
-from bayesavg.runtime.errors import EXIT_USER_ERROR, UserError, as_user_error, disk_full
+from bayesavg.runtime.errors import (
+    EXIT_USER_ERROR,
+    UserError,
+    as_user_error,
+    disk_full,
+    out_of_memory,
+)
 
 _REAL_SAVE = torch.save
 
@@ -180,3 +187,77 @@ def test_said_of_is_the_line_the_entry_point_ends_with(err: BaseException, said:
 
 def test_said_of_keeps_a_long_message_short() -> None:
     assert len(said_of(ValueError("x" * 10_000))) == 500
+
+
+def _cpu_allocator_refusal() -> RuntimeError:
+    with pytest.raises(RuntimeError) as caught:
+        torch.empty(2**62, dtype=torch.uint8)
+    return caught.value
+
+
+ADVICE = (
+    "lower the stage's batch_size in params.yaml (pretrain, finetune.<name> or evaluate), "
+    "or on CUDA train with precision: bf16"
+)
+
+
+def test_a_batch_too_large_for_the_cpu_is_one_line_and_exit_code_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    refusal = _cpu_allocator_refusal()
+
+    def stage() -> None:
+        raise refusal
+
+    with pytest.raises(SystemExit) as stop:
+        run_entry(stage)
+    assert stop.value.code == EXIT_USER_ERROR
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: out of memory ([enforce fail at ")
+    assert "DefaultCPUAllocator: can't allocate memory: you tried to allocate" in line
+    assert line.endswith(f"): {ADVICE}")
+
+
+@pytest.mark.parametrize(
+    ("err", "said"),
+    [
+        (
+            torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+                " of 79.19 GiB of which 1.06 GiB is free.\nSee the documentation"
+            ),
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+            " of 79.19 GiB of which 1.06 GiB is free.",
+        ),
+        (MemoryError(), "MemoryError"),
+        (MemoryError("  "), "MemoryError"),
+    ],
+    ids=["cuda", "python", "python-blank"],
+)
+def test_out_of_memory_says_torch_s_first_line_and_what_to_change(
+    err: BaseException, said: str
+) -> None:
+    assert str(as_user_error(err)) == f"out of memory ({said}): {ADVICE}"
+
+
+def test_out_of_memory_is_found_behind_another_error() -> None:
+    try:
+        try:
+            raise _cpu_allocator_refusal()
+        except RuntimeError as oom:
+            raise ValueError("while building the batch") from oom
+    except ValueError as err:
+        assert out_of_memory(err) is not None
+        assert str(as_user_error(err)).startswith("out of memory ([enforce fail at ")
+
+
+def test_a_full_disk_is_said_before_memory() -> None:
+    """Both behind one error (a save that failed while memory ran out): the disk's line,
+    which names the file."""
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "a.pt")
+    full.__context__ = MemoryError()
+    assert str(as_user_error(full)).startswith("no space left on the device writing a.pt")
+
+
+def test_other_runtime_errors_are_not_out_of_memory() -> None:
+    assert out_of_memory(RuntimeError("CUDA error: an illegal memory access")) is None

@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+import bayesavg
+
+_SRC = Path(__file__).resolve().parents[1] / "src"
+if Path(bayesavg.__file__).resolve().parent != _SRC / "bayesavg":
+    # a venv whose editable install is another checkout's (shared or copied): every test
+    # would pass or fail on that checkout's code, and say nothing
+    pytest.exit(
+        f"the tests import bayesavg from {Path(bayesavg.__file__).parent}, not from this "
+        f"checkout ({_SRC / 'bayesavg'}): run `make install` here, or set PYTHONPATH={_SRC}"
+    )
+
 from bayesavg.runtime import numerics
 
 numerics.pin()  # before torch, as every stage does: tests compute what the stages compute
@@ -9,10 +24,8 @@ numerics.pin()  # before torch, as every stage does: tests compute what the stag
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 from torch import nn

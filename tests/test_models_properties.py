@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -377,6 +378,24 @@ def test_a_factorys_own_type_error_without_options_is_not_blamed_on_options(
     """No options were given, so a TypeError is the factory's bug: raised as it is."""
     with pytest.raises(TypeError, match="bad"):
         build_model(f"factory:{factories}:broken", (3, 8, 8), 3)
+
+
+def test_a_factory_module_in_the_working_directory_is_found_off_sys_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The console script does not put the working directory (a stage's repository root)
+    on ``sys.path``; a factory module there is imported from it all the same."""
+    name = f"audit_cwd_factory_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(
+        "from torch import nn\ndef net(shape, classes):\n    return nn.Linear(2, classes)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    try:
+        model = build_model(f"factory:{name}:net", (3, 8, 8), 4)
+    finally:
+        sys.modules.pop(name, None)
+    assert isinstance(model, nn.Linear) and model.out_features == 4
 
 
 class _TwoHeads(nn.Module):

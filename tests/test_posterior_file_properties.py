@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bayesavg.models import build_model
+from bayesavg.posteriors import SWAG
 from bayesavg.posteriors.file import FORMAT, PosteriorFile, load_posterior, save_posterior
 from bayesavg.runtime.errors import UserError
 
@@ -182,3 +183,49 @@ def test_from_model_copies_the_buffers() -> None:
     before = {k: v.clone() for k, v in post.buffers.items()}
     model.train()(torch.randn(8, *SHAPE) + 2)
     assert all(torch.equal(post.buffers[k], v) for k, v in before.items())
+
+
+HEAD = ["5.weight", "5.bias"]  # the MLP's classifier: 5 x 3 + 3 parameters
+
+
+def _scoped_multiswag() -> PosteriorFile:
+    """Two members whose SWAG collectors cover the classifier only (``covers``): each
+    collector holds 18 values while theta and every sample stay whole."""
+    post = _posterior()
+    gen = torch.Generator().manual_seed(0)
+    collectors = []
+    for _ in range(2):
+        swag = SWAG(18, max_rank=2)
+        for _ in range(3):
+            swag.collect(torch.randn(18, generator=gen))
+        collectors.append(swag.state_dict())
+    samples = {
+        "theta": torch.stack([post.theta, post.theta + 0.01]),
+        "buffers": [dict(post.buffers), dict(post.buffers)],
+        "collectors": collectors,
+    }
+    return dataclasses.replace(post, trajectory="multiswag", covers=list(HEAD), samples=samples)
+
+
+def test_member_collectors_cover_the_covered_parameters(tmp_path: Path) -> None:
+    """``samples.collectors`` are over the ``covers`` parameters, as the collector is; one
+    over the whole vector is refused."""
+    post = _scoped_multiswag()
+    save_posterior(tmp_path / "scoped.pt", post)
+    loaded = load_posterior(tmp_path / "scoped.pt")
+    assert loaded.covers == HEAD and loaded.provides() >= {"members", "member_snapshots"}
+    raw = copy.deepcopy(post.to_dict())
+    raw["samples"]["collectors"][1]["num_params"] = post.theta.numel()
+    torch.save(raw, tmp_path / "whole.pt")
+    with pytest.raises(
+        UserError, match=r"samples\.collectors\[1\]\.num_params is 113, expected 18 "
+    ):
+        load_posterior(tmp_path / "whole.pt")
+
+
+def test_covers_out_of_the_models_order_is_refused(tmp_path: Path) -> None:
+    raw = _scoped_multiswag().to_dict()
+    raw["covers"] = list(reversed(HEAD))
+    torch.save(raw, tmp_path / "posterior.pt")
+    with pytest.raises(UserError, match=r": covers lists the parameters out of the model's order$"):
+        load_posterior(tmp_path / "posterior.pt")

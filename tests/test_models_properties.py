@@ -360,6 +360,7 @@ def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "NOT_A_FUNCTION = 3\n"
         "def number(shape, classes):\n    return 3\n"
         "def broken(shape, classes):\n    return nn.Linear(2, 3, bad=True)\n"
+        "def sized(shape, classes, width=1):\n    return nn.Linear(width, classes)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     return name
@@ -370,6 +371,12 @@ def test_a_factory_that_is_not_a_function_or_returns_no_module_is_one_line(facto
         build_model(f"factory:{factories}:NOT_A_FUNCTION", (3, 8, 8), 3)
     with pytest.raises(UserError, match=rf"^model.factory: {factories}:number returned int, not"):
         build_model(f"factory:{factories}:number", (3, 8, 8), 3)
+
+
+def test_a_factory_is_called_with_the_model_options(factories: str) -> None:
+    """``build(input_shape, num_classes, **model.options)``: the options reach it."""
+    model = build_model(f"factory:{factories}:sized", (3, 8, 8), 3, {"width": 4})
+    assert isinstance(model, nn.Linear) and (model.in_features, model.out_features) == (4, 3)
 
 
 def test_a_factorys_own_type_error_without_options_is_not_blamed_on_options(

@@ -229,3 +229,31 @@ def test_covers_out_of_the_models_order_is_refused(tmp_path: Path) -> None:
     torch.save(raw, tmp_path / "posterior.pt")
     with pytest.raises(UserError, match=r": covers lists the parameters out of the model's order$"):
         load_posterior(tmp_path / "posterior.pt")
+
+
+def test_covers_naming_a_parameter_twice_is_refused(tmp_path: Path) -> None:
+    """Counted twice in the collector's length (2 x 18 values) but found once by
+    ``covered_positions``: it loaded, and SWAG sampling failed in ``index_copy_``."""
+    post = _posterior()
+    swag = SWAG(36, max_rank=2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        swag.collect(torch.randn(36, generator=gen))
+    twice = [*HEAD, HEAD[0]]
+    raw = dataclasses.replace(post, covers=twice, collector=swag.state_dict()).to_dict()
+    raw["covers"] = [HEAD[0], HEAD[0], HEAD[1]]  # in the model's order, one name twice
+    torch.save(raw, tmp_path / "posterior.pt")
+    with pytest.raises(UserError, match=r": covers names \['5\.weight'\] more than once$"):
+        load_posterior(tmp_path / "posterior.pt")
+
+
+def test_member_collectors_are_checked_without_member_buffers(tmp_path: Path) -> None:
+    """``samples.buffers: None`` beside collectors: they were not looked at, so junk
+    loaded, the file said it provides ``member_snapshots``, and MultiSWAG failed with a
+    KeyError."""
+    raw = _scoped_multiswag().to_dict()
+    raw["samples"]["buffers"] = None
+    raw["samples"]["collectors"] = [{"junk": 1}, "not a dict"]
+    torch.save(raw, tmp_path / "posterior.pt")
+    with pytest.raises(UserError, match=r": samples\.collectors\[0\]"):
+        load_posterior(tmp_path / "posterior.pt")

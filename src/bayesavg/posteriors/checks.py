@@ -211,6 +211,9 @@ def check_covers(value: Any, names: list[str]) -> None:
     unknown = [v for v in value if v not in order]
     if unknown:
         raise PosteriorFileError(f"covers names {unknown[:3]}, not parameters of the model")
+    twice = sorted({v for v in value if value.count(v) > 1})
+    if twice:  # counted twice in the collector's length, found once by covered_positions
+        raise PosteriorFileError(f"covers names {twice[:3]} more than once")
     if [order[v] for v in value] != sorted(order[v] for v in value):
         raise PosteriorFileError("covers lists the parameters out of the model's order")
 
@@ -250,11 +253,10 @@ def check_samples(
     if k < 1:
         raise PosteriorFileError("samples.theta has no rows, expected at least one sample")
     buffers = get(samples, "buffers", "samples")
-    if buffers is None:
-        return
-    for i, member in enumerate(_per_row(buffers, "samples.buffers", k)):
-        check_buffers(member, f"samples.buffers[{i}]", model_buffers)
-    collectors = samples.get("collectors")
+    if buffers is not None:
+        for i, member in enumerate(_per_row(buffers, "samples.buffers", k)):
+            check_buffers(member, f"samples.buffers[{i}]", model_buffers)
+    collectors = samples.get("collectors")  # checked whether or not members have buffers
     if collectors is None:
         return
     for i, collector in enumerate(_per_row(collectors, "samples.collectors", k)):

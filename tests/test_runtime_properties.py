@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -348,6 +350,48 @@ def test_an_interruption_is_said_on_stderr_only(capsys: pytest.CaptureFixture[st
     assert stop.value.code == 143
     out = capsys.readouterr()
     assert out.out == "" and out.err.startswith("interrupted by SIGTERM: stopped;")
+
+
+def test_once_the_entry_runs_ctrl_c_raises_and_the_early_handler_is_back_after(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """During the body Ctrl-C is Python's KeyboardInterrupt (``finally`` blocks run);
+    afterwards the handlers are the ones the entry found."""
+    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    during: list[Any] = []
+    try:
+        signal.signal(signal.SIGINT, entry._early)
+        entry.run_entry(lambda: during.append(signal.getsignal(signal.SIGINT)))
+        assert during == [signal.default_int_handler]
+        assert signal.getsignal(signal.SIGINT) is entry._early
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
+
+
+def test_an_entry_logs_info_lines_to_stderr() -> None:
+    """A fresh process: pytest's own log handlers would hide a missing set-up."""
+    code = (
+        "import logging\n"
+        "from bayesavg.runtime.entry import run_entry\n"
+        "run_entry(lambda: logging.getLogger('bayesavg.stage').info('collected 5'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "INFO bayesavg.stage: collected 5\n"
+
+
+def test_early_interrupts_leave_a_signal_ignored_from_the_start_ignored() -> None:
+    """``nohup``: an ignored SIGINT stays ignored; SIGTERM gets the early handler."""
+    saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        entry.early_interrupts()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is entry._early
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
 
 
 # --- torch_version ---------------------------------------------------------------------------

@@ -34,11 +34,12 @@ from bayesavg.report.blocks import (
     Table,
     TableBlock,
     bullets_or,
+    figure,
     figure_section,
     walk,
 )
 from bayesavg.report.claims import Claim
-from bayesavg.report.formats import interval_text, win_count, with_interval
+from bayesavg.report.formats import fmt_or_dash, interval_text, pct, win_count, with_interval
 from bayesavg.report.inputs import (
     SIGMA_KEYS,
     Predictions,
@@ -51,7 +52,7 @@ from bayesavg.report.inputs import (
     trajectory_params,
 )
 from bayesavg.report.intervals import Estimate, Interval
-from bayesavg.report.render import to_markdown
+from bayesavg.report.render import to_html, to_markdown
 from bayesavg.report.sections import (
     appendix,
     selective,
@@ -63,6 +64,7 @@ from bayesavg.report.sections import (
 from bayesavg.report.sections.calibration import (
     calibrated_table,
     calibration_claim,
+    ensemble_curve,
     ranking_changes,
     reliability_layout,
 )
@@ -981,3 +983,142 @@ def test_verbatim_text_ending_in_a_newline_is_fenced_without_a_blank_line() -> N
     """Parameters are YAML, which ends with a newline."""
     md = to_markdown([Heading(1, "t"), Preformatted("seed: 0\nlr: 0.1\n", "yaml")])
     assert "```yaml\nseed: 0\nlr: 0.1\n```\n" in md
+
+
+# --- more: the second round of mutants -----------------------------------------------------
+
+
+def test_percentages_and_dashes_are_written_at_their_stated_precision() -> None:
+    assert pct(0.12345) == "12.35%"
+    assert fmt_or_dash(0.123456) == "0.1235"
+    assert fmt_or_dash(math.nan) == "-"
+
+
+def test_a_figure_inside_a_section_has_no_heading_of_its_own() -> None:
+    assert figure("risk", b"png", "cap") == [FigureBlock("risk", b"png", "cap")]
+    assert figure("risk", None, "cap") == []
+
+
+def test_the_page_title_is_the_level_1_heading() -> None:
+    page = to_html([Heading(2, "Setup"), Heading(1, "The report")])
+    assert "<title>The report</title>" in page
+
+
+def test_the_dee_curve_is_the_deep_ensembles_not_another_predictors() -> None:
+    """Only method ``ensemble`` has member counts 1..M; a MultiSWAG listed first with the
+    same column is not it."""
+    multi = [{"samples": s, "nll_calibrated": 0.5} for s in (1, 2)]
+    members = [{"samples": s, "nll_calibrated": 0.4 - 0.1 * s} for s in (1, 2, 3)]
+    ps = [
+        _result("multiswag", by_samples=multi),
+        _result("deep", method="ensemble", by_samples=members),
+    ]
+    name, values = ensemble_curve(_inputs(ps))
+    assert name == "deep" and values == pytest.approx([0.3, 0.2, 0.1])
+
+
+def test_the_rule_needs_p_strictly_below_0_05_and_counts_distinct_networks() -> None:
+    assert flat_calibrated_verdict([_correlation(0.9, 0.05)]) is None
+    ps = [_result(f"p{i}", sharpness=s, ece=0.01 * i) for i, s in enumerate((0.1, 0.1, 0.2, 0.3))]
+    found = correlation(ps, "sharpness", "ece")
+    assert found is not None and (found.n, found.networks) == (4, 3)
+
+
+def test_a_mixed_rule_is_decided_by_the_first_correlation_that_misses_the_bar() -> None:
+    """Undecided: the number shown is the first correlation below the bar, not the first."""
+    found = [_correlation(0.9, 0.001), _correlation(0.1, 0.4), _correlation(0.2, 0.3)]
+    assert sharpness._deciding(found, None) is found[1]
+
+
+def test_the_finetune_curves_continue_after_the_run_they_start_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """hwa after vi's 4 epochs: epochs since the end of pretraining."""
+    figures: list[Figure] = []
+    monkeypatch.setattr(style, "png", lambda fig: figures.append(fig) or b"png")
+    inputs = _training_case()
+    hwa = _history(2, test_accuracy=0.5)
+    inputs = dataclasses.replace(inputs, histories=inputs.histories | {"hwa": hwa})
+    training.finetune_curves_figure(inputs)
+    lines = {line.get_label(): list(line.get_xdata()) for line in figures[0].axes[2].lines}
+    assert lines["vi"] == [1, 2, 3, 4] and lines["hwa"] == [5, 6]
+
+
+def test_every_mlflow_run_has_its_filter_row_under_a_level_2_heading() -> None:
+    inputs = _inputs([_result("map")], runs=["pretrain", "evaluate@map"])
+    blocks = appendix.build(inputs, _unc()).blocks
+    assert Heading(2, "MLflow runs") in blocks
+    (table,) = [b.table for b in blocks if isinstance(b, TableBlock)]
+    texts = [row[0].text for row in table.rows]
+    assert texts == ["attributes.run_name = 'pretrain'", "attributes.run_name = 'evaluate@map'"]
+
+
+def test_the_family_order_puts_distributed_before_other() -> None:
+    inputs = _family_inputs()
+    extra = _result("odd", method="newthing", trajectory="swag")
+    inputs = dataclasses.replace(inputs, predictors=[*inputs.predictors, extra])
+    assert list(style.families(inputs))[-2:] == [style.DISTRIBUTED, style.OTHER]
+
+
+def test_without_main_predictors_each_family_shows_an_averaging_one_first() -> None:
+    """No name of MAIN_PREDICTORS: each family's first predictor with predictions, a
+    Bayesian (averaging) one before a single network."""
+    ps = [_predicted("map", 0, LABELS), _predicted("my_swa", 1, LABELS)]
+    ps += [_predicted("my_swag", 2, LABELS)]
+    ps = [
+        ps[0],
+        dataclasses.replace(ps[1], method="swa"),
+        dataclasses.replace(ps[2], method="swag"),
+    ]
+    assert [p.name for p in style.main_predictors(_inputs(ps))] == ["map", "my_swag"]
+
+
+def test_intervals_are_95_percent_unless_params_say_otherwise() -> None:
+    """ALGORITHMS §10: 95% intervals."""
+    assert settings({}).level == 0.95
+
+
+def test_the_calibrated_comparison_needs_the_same_labels() -> None:
+    base = _predicted("map", 1, LABELS, temperature=1.5)
+    other = _predicted("swag", 2, (LABELS + 1) % 3, temperature=0.8)
+    assert calibrated_comparison(base, other, Settings(resamples=20)) is None
+
+
+def test_the_samples_axis_is_the_number_of_samples_averaged() -> None:
+    ps = [_result("map", by_samples=_samples(1, 0.9)), _result("swag", by_samples=_samples(3, 0.9))]
+    fig = samples_layout(_inputs(ps))
+    assert fig is not None
+    assert {ax.get_xlabel() for ax in fig.axes} == {"samples in the average"}
+
+
+def test_the_full_risk_coverage_panel_is_scaled_to_coverages_from_0_1() -> None:
+    """Below 10% coverage one error among a few points is a large rate: left out of the
+    y range, so the rest of the curve is readable."""
+    ps = [_predicted(n, i, LABELS) for i, n in enumerate(("map", "swag"))]
+    fig = selective.curves_figure(_inputs(ps))
+    assert fig is not None
+    tops = []
+    for p in ps:
+        coverage, risk = risk_coverage(
+            torch.as_tensor(p.predictions.log_probs), torch.as_tensor(LABELS)
+        )
+        tops.append(100 * float(risk[coverage >= selective.CLIP].max()))
+    assert fig.axes[0].get_ylim()[1] == pytest.approx(max(tops) * 1.05 + 1e-9)
+
+
+def test_a_loss_axis_turns_logarithmic_beyond_a_factor_of_50() -> None:
+    for span, scale in ((40.0, "linear"), (60.0, "log")):
+        ax = Figure().subplots()
+        ax.plot([1, 2], [1.0, span])
+        training._log_if_wide(ax)
+        assert ax.get_yscale() == scale, span
+
+
+def test_sigma_ticks_are_linear_within_a_factor_3_and_1_2_5_up_to_4_decades() -> None:
+    from matplotlib.ticker import LogLocator, MaxNLocator
+
+    for span, kind in ((2.5, MaxNLocator), (10.0, LogLocator), (1e3, LogLocator)):
+        ax = Figure().subplots()
+        ax.set_yscale("log")
+        variational._plain_log_ticks(ax.yaxis, span)
+        assert isinstance(ax.yaxis.get_major_locator(), kind), span

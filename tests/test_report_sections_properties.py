@@ -1122,3 +1122,11 @@ def test_sigma_ticks_are_linear_within_a_factor_3_and_1_2_5_up_to_4_decades() ->
         ax.set_yscale("log")
         variational._plain_log_ticks(ax.yaxis, span)
         assert isinstance(ax.yaxis.get_major_locator(), kind), span
+
+
+def test_figure_pngs_carry_no_software_stamp() -> None:
+    """The bytes must not change with the matplotlib version that drew them."""
+    fig = Figure(figsize=(1, 1))
+    fig.subplots().plot([0, 1], [0, 1])
+    data = style.png(fig)
+    assert data.startswith(b"\x89PNG") and b"Software" not in data and b"atplotlib" not in data

@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,6 +56,14 @@ def test_write_csv_columns_are_every_rows_keys_in_first_seen_order(tmp_path: Pat
     rows = [{"epoch": 1, "loss": 0.5}, {"epoch": 2, "test": 0.25, "loss": 0.1}, {"epoch": 3}]
     io.write_csv(target, rows)
     assert target.read_text() == "epoch,loss,test\n1,0.5,\n2,0.1,0.25\n3,,\n"
+
+
+def test_write_csv_writes_a_numpy_float_as_a_number(tmp_path: Path) -> None:
+    """A numpy float64 is a ``float``, and numpy 2's repr of it is ``np.float64(0.5)``: a
+    string to DVC plots, pandas and the report's CSV reader."""
+    target = tmp_path / "rows.csv"
+    io.write_csv(target, [{"epoch": 1, "loss": np.float64(0.5), "acc": np.float64(1 / 3)}])
+    assert target.read_text() == f"epoch,loss,acc\n1,0.5,{1 / 3!r}\n"
 
 
 def test_write_csv_of_no_rows_is_refused_and_writes_nothing(tmp_path: Path) -> None:

@@ -184,6 +184,6 @@ def write_csv(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
 
 
 def _csv_cell(value: Any) -> str:
-    if isinstance(value, float):
-        return repr(value)
+    if isinstance(value, float):  # float(): numpy 2's repr of its float64 is np.float64(x)
+        return repr(float(value))
     return str(value)

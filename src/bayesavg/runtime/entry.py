@@ -1,7 +1,7 @@
 """The error handling every entry point shares (the CLI and the DVC stages).
 
-A ``UserError`` (or a full disk, ``errors.as_user_error``) becomes one line on stderr
-and exit code 2; an interruption (Ctrl-C,
+A ``UserError`` (or a full disk or memory, ``errors.as_user_error``) becomes one line
+on stderr and exit code 2; an interruption (Ctrl-C,
 or SIGTERM from a timeout, a cancelled job or ``kill``) one line and the shell's exit
 code for that signal, 130 or 143; anything else is a bug and keeps its traceback. A
 module of its own so that a stage importing it does not import the CLI (and with it the
@@ -72,7 +72,7 @@ def setup_logging() -> None:
 
 
 def run_entry(fn: Callable[[], None]) -> None:
-    """Run an entry point; a UserError or a full disk exits 2 with one line and no
+    """Run an entry point; a UserError, a full disk or memory exits 2 with one line and no
     traceback, an interruption exits 130 (SIGINT) or 143 (SIGTERM) with one line."""
     setup_logging()
     previous = signal.signal(signal.SIGTERM, _terminate)

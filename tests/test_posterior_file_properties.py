@@ -33,16 +33,22 @@ def _posterior() -> PosteriorFile:
         torch.manual_seed(0)
         model = build_model("mlp", SHAPE, 3, KWARGS)
         model.train()(torch.randn(16, *SHAPE) * 3 + 1)  # one batch moves the running stats
+    data = {"dataset": "mnist5k", "seed": 0, "test_fraction": 0.2, "val_fraction": 0.1}
+    return _file_of(model, "swag", data)
+
+
+def _file_of(model: torch.nn.Module, trajectory: str, data: dict[str, Any]) -> PosteriorFile:
+    """The file of the tiny MLP ``model`` (``KWARGS`` on ``SHAPE``, 3 classes)."""
     return PosteriorFile.from_model(
         model,
-        trajectory="swag",
+        trajectory=trajectory,
         model_name="mlp",
         model_kwargs=dict(KWARGS),
         input_shape=SHAPE,
         mean=[0.5],
         std=[0.25],
         num_classes=3,
-        data={"dataset": "mnist5k", "seed": 0, "test_fraction": 0.2, "val_fraction": 0.1},
+        data=data,
     )
 
 
@@ -169,17 +175,7 @@ def test_from_model_copies_the_buffers() -> None:
     """Training the network on after making the file must not change the file's buffers."""
     torch.manual_seed(0)
     model = build_model("mlp", SHAPE, 3, KWARGS)
-    post = PosteriorFile.from_model(
-        model,
-        trajectory="sgd",
-        model_name="mlp",
-        model_kwargs=dict(KWARGS),
-        input_shape=SHAPE,
-        mean=[0.5],
-        std=[0.25],
-        num_classes=3,
-        data={},
-    )
+    post = _file_of(model, "sgd", {})
     before = {k: v.clone() for k, v in post.buffers.items()}
     model.train()(torch.randn(8, *SHAPE) + 2)
     assert all(torch.equal(post.buffers[k], v) for k, v in before.items())

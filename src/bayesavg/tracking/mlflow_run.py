@@ -161,8 +161,7 @@ class Run:
         line) goes in ``FAILURE_TAG`` and leads its description: without it the UI shows
         a failed run and not what the stage said."""
         if why:
-            described = self._client.get_run(self.run_id).data.tags.get(NOTE_TAG)
-            note = f"{status.capitalize()}: {why}" + (f"\n\n{described}" if described else "")
+            note = self._noted_first(self.run_id, f"{status.capitalize()}: {why}")
             self.set_tags({FAILURE_TAG: why, NOTE_TAG: note})
         self._client.set_terminated(self.run_id, status=status)
         _unsweep(self._client, self.run_id)
@@ -282,9 +281,13 @@ class Run:
         why = f"{why}: the stage writes all or none"
         for run_id in runs.values():
             self._client.set_tag(run_id, ROLLED_BACK_TAG, why)
-            described = self._client.get_run(run_id).data.tags.get(NOTE_TAG)
-            note = f"Rolled back: {why}." + (f"\n\n{described}" if described else "")
+            note = self._noted_first(run_id, f"Rolled back: {why}.")
             self._client.set_tag(run_id, NOTE_TAG, note)
+
+    def _noted_first(self, run_id: str, line: str) -> str:
+        """``run_id``'s description with ``line`` on top (what the UI shows first)."""
+        described = self._client.get_run(run_id).data.tags.get(NOTE_TAG)
+        return line + (f"\n\n{described}" if described else "")
 
     def _record(
         self,

@@ -27,7 +27,7 @@ from _execution import execution
 
 from bayesavg.config import Params, load_params
 from bayesavg.runtime import launch, numerics
-from bayesavg.runtime.entry import run_entry
+from bayesavg.runtime.entry import run_entry, said_of
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
 from bayesavg.runtime.outputs import all_or_nothing, finish_killed
@@ -298,7 +298,10 @@ def tracked(
         except BaseException as err:
             rolled_back = dict(_Ledger.units or {})  # the set's units whose outputs go with it
             if parent is not None or rolled_back:
-                run.record_in_parent(stage, reused_runs(stage), ended_status(err), rolled_back)
+                said = said_of(err)
+                run.record_in_parent(
+                    stage, reused_runs(stage), ended_status(err), rolled_back, said
+                )
             raise
         done = time.perf_counter()
         seconds = {"startup": started - _Ledger.since, "compute": done - started}

@@ -177,8 +177,8 @@ def test_a_signal_during_a_stage_s_imports_is_one_line_and_its_exit_code(
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == code
     assert err == (
-        f"interrupted by {said}: stopped; run it again to go on (a fine-tuning stage "
-        "resumes from its last checkpoint)\n"
+        f"interrupted by {said}: stopped; run it again (pretrain and fine-tuning stages "
+        "resume from their last checkpoint)\n"
     )
 
 
@@ -196,6 +196,9 @@ def test_once_the_entry_runs_ctrl_c_raises_again_so_finally_blocks_run(
             cleaned.append(True)
 
     try:
+        # Ctrl-C handled, as from a terminal: a run started ignoring it (``nohup``, ``&``)
+        # would pass the ignoring on, which ``early_interrupts`` keeps by design
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         early_interrupts()
         early = signal.getsignal(signal.SIGINT)
         with pytest.raises(SystemExit) as stop:

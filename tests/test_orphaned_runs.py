@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from bayesavg.tracking import orphans, store
-from bayesavg.tracking.mlflow_run import PIPELINE_TAG
+from bayesavg.tracking.mlflow_run import NOTE_TAG, PIPELINE_TAG
 from bayesavg.tracking.store import open_run
 
 # A tracked stage in its own process group: prints its run's id and parent's, then waits.
@@ -82,7 +82,11 @@ def test_a_group_sigkill_leaves_runs_the_next_run_ends_killed(
     assert ended.data.tags[orphans.ENDED_TAG].startswith("KILLED: the process that tracked it")
     parent = client.get_run(parent_id)
     assert parent.info.status == "KILLED", "the execution did not finish"
-    assert json.loads(parent.data.tags[PIPELINE_TAG])["failed"] == {"finetune@x": "KILLED"}
+    summary = json.loads(parent.data.tags[PIPELINE_TAG])
+    assert summary["failed"] == {"finetune@x": "KILLED"}
+    why = ended.data.tags[orphans.ENDED_TAG].removeprefix("KILLED: ")
+    assert summary["why"] == {"finetune@x": why}
+    assert f"Did not finish: finetune@x (KILLED: {why})." in parent.data.tags[NOTE_TAG]
 
 
 def test_a_resumed_run_is_running_again_and_owned_by_its_new_process(

@@ -93,7 +93,7 @@ def test_an_atomic_write_on_a_full_disk_names_the_file_and_leaves_the_old_one(
     with pytest.raises(UserError) as caught, io.atomic_path(path):
         _fill_dev_full()
     said = str(caught.value)
-    assert said.startswith(f"no space left on the device writing {os.path.relpath(path)} (")
+    assert said.startswith(f"no space left on the device writing {path} ("), "outside: whole"
     assert " free there): free some and run it again" in said
     assert disk_full(caught.value) is not None, "the kernel's error is kept as the cause"
     assert path.read_text() == "old"

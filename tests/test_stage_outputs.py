@@ -470,8 +470,8 @@ def test_a_failing_unit_marks_its_set_s_finished_units_rolled_back(
                 Path("out", unit).write_text("new\n")
     recorded = [args for run_id, op, args in recorder.calls if op == "record_in_parent"]
     if in_a_set:
-        [(stage, _, status, rolled_back)] = recorded
-        assert (stage, status) == ("probe@c", "FAILED")
+        [(stage, _, status, rolled_back, why)] = recorded
+        assert (stage, status, why) == ("probe@c", "FAILED", "RuntimeError: unit failed")
         assert rolled_back == {"probe@a": "run-1", "probe@b": "run-2"}
         assert not Path("out").exists() and not Path("runs").exists()
     else:
@@ -565,8 +565,9 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     failing = unit("evaluate@swag")
     client = MlflowClient(tracking_uri=uri)
     client.set_tag(done["evaluate@swa"], "mlflow.note.content", "a user's own words")
-    failing.record_in_parent("evaluate@swag", {"pretrain": "a-run-id"}, "FAILED", done)
-    failing.terminate("FAILED")
+    said = "no space left on the device writing predictions/swag/probs.npz"
+    failing.record_in_parent("evaluate@swag", {"pretrain": "a-run-id"}, "FAILED", done, said)
+    failing.terminate("FAILED", said)
     for run_id in done.values():
         tags = client.get_run(run_id).data.tags
         assert tags[ROLLED_BACK_TAG].startswith(
@@ -581,9 +582,12 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     parent_run = client.get_run(client.get_run(failing.run_id).data.tags["mlflow.parentRunId"])
     assert parent_run.info.status == "FAILED"
     note = parent_run.data.tags["mlflow.note.content"]
+    assert f"Did not finish: evaluate@swag (FAILED: {said})." in note, "why, not one click away"
     assert "Rolled back: evaluate@map, evaluate@swa (finished, but their outputs" in note
     # what went wrong first, before the reused stages' list the UI folds away
     assert note.index("Did not finish") < note.index("Rolled back") < note.index("Reused")
     assert "when a later unit of their stage did not finish" in note
     summary = json.loads(parent_run.data.tags[PIPELINE_TAG])
     assert summary["rolled_back"] == ["evaluate@map", "evaluate@swa"]
+    assert summary["failed"] == {"evaluate@swag": "FAILED"}
+    assert summary["why"] == {"evaluate@swag": said}

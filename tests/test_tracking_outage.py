@@ -248,7 +248,9 @@ def test_an_execution_ends_with_the_status_of_its_stages(tmp_path: Path) -> None
     assert found.info.status == "KILLED"
     summary = json.loads(found.data.tags[PIPELINE_TAG])
     assert summary["failed"] == {"evaluate@sgd": "KILLED"} and len(summary["ran"]) == 3
-    assert "Did not finish: evaluate@sgd (KILLED)" in found.data.tags["mlflow.note.content"]
+    assert summary["why"] == {"evaluate@sgd": DIED}
+    said = f"Did not finish: evaluate@sgd (KILLED: {DIED})."
+    assert said in found.data.tags["mlflow.note.content"]
 
 
 def test_a_servers_experiments_keep_their_artifacts_on_the_server(

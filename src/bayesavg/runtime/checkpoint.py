@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from .errors import resumes_from
 from .io import remove_stale_temporaries, save_torch, torch_damage
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class Checkpoint:
             return None
         self.meta = dict(saved.get("meta") or {})
         self.state = saved["state"]
+        resumes_from(self.path)
         return self.state
 
     def due(self, epoch: int) -> bool:
@@ -109,12 +111,14 @@ class Checkpoint:
         if self.active:
             tree = {"format": FORMAT, "key": self.key, "meta": self.meta, "state": state}
             save_torch(self.path, tree)
+            resumes_from(self.path)
 
     def nested(self, state: State | None, wrap: Callable[[State], State]) -> Resumable:
         return _Nested(self, state, wrap)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+        resumes_from(None)
 
     def _sweep(self) -> None:
         """Delete the temp files of this checkpoint that a killed save left behind."""

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
-from .errors import EXIT_USER_ERROR, UserError, as_user_error
+from .errors import EXIT_USER_ERROR, UserError, as_user_error, rerun
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
@@ -34,10 +34,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def _said(terminated: bool) -> str:
     name = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
-    return (
-        f"interrupted by {name}: stopped; run it again to go on (a fine-tuning stage "
-        "resumes from its last checkpoint)"
-    )
+    return f"interrupted by {name}: stopped; {rerun()}"
 
 
 def early_interrupts() -> None:

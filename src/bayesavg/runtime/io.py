@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import disk_full, no_space
+from .errors import disk_full, no_space, not_writable, refused
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -38,11 +38,16 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     without that, a power loss after the rename can leave ``path`` empty or
     garbled (the rename reaches the disk before the data) instead of old or new.
     A full disk ends as a ``UserError`` naming ``path`` (torch's own report of it
-    is "unexpected pos 1487936 vs 1487840"), the temp file removed.
+    is "unexpected pos 1487936 vs 1487840"), the temp file removed; so does a folder it
+    may not write in (read-only, or another user's).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TEMP_SUFFIX)
+    except OSError as err:
+        _raise_unwritten(path, err)
+        raise
     os.close(fd)
     tmp_path = Path(tmp)
     os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs are ordinary files
@@ -52,12 +57,21 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp_path, path)
         _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except Exception as err:
-        if disk_full(err) is None:
-            raise
         tmp_path.unlink(missing_ok=True)  # first: what is free is then said right
-        raise no_space(path) from err
+        _raise_unwritten(path, err)
+        raise
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _raise_unwritten(path: Path, err: Exception) -> None:
+    """Raise the ``UserError`` naming ``path`` that writing it failed for ``err``'s
+    reason, a full disk or a folder it may not write in; return for any other."""
+    if disk_full(err) is not None:
+        raise no_space(path) from err
+    denied = refused(err)
+    if denied is not None:
+        raise not_writable(path, denied) from err
 
 
 def _fsync(path: Path, flags: int) -> None:

@@ -253,11 +253,13 @@ class Run:
         reused: Mapping[str, str] | None,
         status: str,
         rolled_back: Mapping[str, str] | None = None,
+        why: str | None = None,
     ) -> None:
         """Tell this run's parent (its pipeline execution) that ``stage`` ran here with
-        ``status``, which stages it reused (stage -> the run that made their outputs;
-        None: as recorded before), and end it: FINISHED only while every stage of the
-        execution has finished, else the first other status a stage ended with.
+        ``status`` (``why``: the line a stage that did not finish ended with), which stages
+        it reused (stage -> the run that made their outputs; None: as recorded before), and
+        end it: FINISHED only while every stage of the execution has finished, else the
+        first other status a stage ended with.
         ``rolled_back``: units (name -> run) whose outputs went with this failed one's;
         each run is tagged ``ROLLED_BACK_TAG``, with or without a parent.
 
@@ -266,13 +268,13 @@ class Run:
         stage rewrites it whole from the last one's, and the last leaves it complete.
         """
         if rolled_back:
-            why = f"its outputs were removed when {stage}, of the same stage, ended {status}"
-            self.mark_rolled_back(rolled_back, why)
+            gone = f"its outputs were removed when {stage}, of the same stage, ended {status}"
+            self.mark_rolled_back(rolled_back, gone)
         parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
         if parent is None:
             return
         with serialized(self.tracking_uri or "", parent):
-            self._record(parent, stage, reused, status, list(rolled_back or ()))
+            self._record(parent, stage, reused, status, list(rolled_back or ()), why)
 
     def mark_rolled_back(self, runs: Mapping[str, str], why: str) -> None:
         """Tag each of ``runs`` (unit -> run), FINISHED of outputs that are gone,
@@ -296,6 +298,7 @@ class Run:
         reused: Mapping[str, str] | None,
         status: str,
         rolled_back: list[str],
+        why: str | None,
     ) -> None:
         """``record_in_parent``'s read-modify-write, under the parent's lock."""
         import json
@@ -305,16 +308,21 @@ class Run:
         if reused is None:
             reused = found.get("reused", {})
         failed = {**found.get("failed", {})}
-        if status != "FINISHED":
-            failed.setdefault(stage, status)
+        reasons = {**found.get("why", {})}
+        if status != "FINISHED" and stage not in failed:
+            failed[stage] = status
+            if why:
+                reasons[stage] = why
         rolled = sorted({*found.get("rolled_back", []), *rolled_back})
         status = next(iter(failed.values()), status)
         kept = {k: v for k, v in sorted(reused.items()) if k not in ran}
         note = [f"Ran {len(ran)} stage(s): {', '.join(ran)}."]
         if failed:  # before the reused stages' long list, which the UI folds
-            note.append(
-                "Did not finish: " + ", ".join(f"{k} ({v})" for k, v in failed.items()) + "."
+            said = (
+                f"{k} ({v}: {reasons[k]})" if k in reasons else f"{k} ({v})"
+                for k, v in failed.items()
             )
+            note.append("Did not finish: " + "; ".join(said) + ".")
         if rolled:
             note.append(
                 f"Rolled back: {', '.join(rolled)} (finished, but their outputs were "
@@ -326,7 +334,7 @@ class Run:
                 + "; ".join(f"{k} (run {v})" for k, v in kept.items())
                 + "."
             )
-        extra = {"failed": failed} if failed else {}
+        extra = {"failed": failed, **({"why": reasons} if reasons else {})} if failed else {}
         summary = json.dumps(
             {"ran": ran, "reused": kept, **extra, **({"rolled_back": rolled} if rolled else {})},
             sort_keys=True,

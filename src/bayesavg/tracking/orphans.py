@@ -126,10 +126,11 @@ def sweep(client: Any, experiment_id: str, tracking_uri: str) -> list[str]:
                     continue
                 if parents and _has_running_child(client, experiment_id, found.info.run_id):
                     continue
-                client.set_tag(found.info.run_id, ENDED_TAG, _note(tags[OWNER_TAG]))
+                note = _note(tags[OWNER_TAG])
+                client.set_tag(found.info.run_id, ENDED_TAG, note)
                 if not parents:
                     Run(client, found.info.run_id, tracking_uri).record_in_parent(
-                        found.info.run_name, None, KILLED
+                        found.info.run_name, None, KILLED, why=note.removeprefix("KILLED: ")
                     )
                 client.set_terminated(found.info.run_id, status=KILLED)
             ended.append(f"{found.info.run_name} ({found.info.run_id})")

@@ -236,9 +236,14 @@ class RemoteRun:
         self._tracker.send("register_best", name=name, candidates=_plain(candidates))
 
     def record_in_parent(
-        self, stage: str, reused: Mapping[str, str], status: str, rolled_back: Mapping[str, str]
+        self,
+        stage: str,
+        reused: Mapping[str, str],
+        status: str,
+        rolled_back: Mapping[str, str],
+        why: str | None = None,
     ) -> None:
-        fields = {"reused": dict(reused), "rolled_back": dict(rolled_back)}
+        fields = {"reused": dict(reused), "rolled_back": dict(rolled_back), "why": why}
         self._tracker.send("record_in_parent", stage=stage, status=status, **fields)
 
     def mark_rolled_back(self, runs: Mapping[str, str], why: str) -> None:
@@ -331,7 +336,8 @@ def serve(
         failed = failed or (op == "end" and msg["status"] != "FINISHED")
     if spool is not None:
         if index >= 0 and not ended:
-            spool.add(index, "record_in_parent", {"stage": name, "reused": None, "status": KILLED})
+            dead = {"stage": name, "reused": None, "status": KILLED, "why": DIED}
+            spool.add(index, "record_in_parent", dead)
             spool.add(index, "end", {"status": KILLED, "why": DIED})
         written = "" if failed or (index >= 0 and not ended) else "its outputs are written, and "
         sys.stderr.write(
@@ -342,7 +348,7 @@ def serve(
         )
     elif run is not None and not ended:  # the stage died without ending its run
         with contextlib.suppress(Exception):
-            run.record_in_parent(name, None, KILLED)
+            run.record_in_parent(name, None, KILLED, why=DIED)
         run.terminate(KILLED, DIED)
     return 0
 

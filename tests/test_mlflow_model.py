@@ -208,3 +208,55 @@ def test_registered_best_model_is_served_over_http(
     got = np.asarray(answer["predictions"]["probabilities"])
     np.testing.assert_allclose(got, _expected(posterior, images), rtol=0, atol=1e-12)
     assert answer["predictions"]["predicted_class"] == got.argmax(1).tolist()
+
+
+def test_a_batchnorm_posterior_is_served_with_its_logged_training_images(
+    tmp_path: Path, mnist5k_prepared: PreparedDir
+) -> None:
+    """SWAG on a BatchNorm network recomputes the statistics of each drawn network on
+    training images: the served model reads them from its ``bn_images`` artifact and
+    predicts what a ``Predictor`` given those images does (without them it cannot)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from bayesavg.mlflow_model import PosteriorModel
+    from bayesavg.models import build_model
+    from bayesavg.posteriors.file import PosteriorFile, save_posterior
+    from bayesavg.posteriors.swag import SWAG
+    from bayesavg.predict import Predictor, PredictorConfig
+
+    prepared = mnist5k_prepared.prepared
+    torch.manual_seed(0)
+    model = build_model(
+        "mlp", prepared.input_shape, prepared.num_classes, {"hidden": [16], "batch_norm": True}
+    )
+    base = PosteriorFile.from_model(
+        model,
+        trajectory="swag",
+        model_name="mlp",
+        model_kwargs={"hidden": [16], "batch_norm": True},
+        input_shape=prepared.input_shape,
+        mean=prepared.manifest["mean"],
+        std=prepared.manifest["std"],
+        num_classes=prepared.num_classes,
+        data={"dataset": "mnist5k", "seed": 0, "test_fraction": 0.2, "val_fraction": 0.1},
+    )
+    swag = SWAG(base.theta.numel(), max_rank=2)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        swag.collect(base.theta + 0.05 * torch.randn(base.theta.shape, generator=gen))
+    path = tmp_path / "swag.pt"
+    save_posterior(path, dataclasses.replace(base, collector=swag.state_dict()))
+    bn = prepared.train.x[:64].clone()
+    torch.save(bn, tmp_path / "bn_images.pt")
+    served = PosteriorModel()
+    served.load_context(
+        SimpleNamespace(
+            model_config=CONFIG,
+            artifacts={"posterior": str(path), "bn_images": str(tmp_path / "bn_images.pt")},
+        )
+    )
+    images = _images(mnist5k_prepared)
+    direct = Predictor(path, PredictorConfig.from_mapping(CONFIG), bn)(images)
+    got = served.predict(None, images)
+    np.testing.assert_array_equal(got["probabilities"], direct["probabilities"])

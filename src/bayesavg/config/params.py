@@ -237,8 +237,27 @@ def _location(loc: tuple[Any, ...]) -> str:
     return ".".join(kept)
 
 
+# pydantic's name for one member of a union (``Literal["auto"] | bool``): not a params key
+_MEMBER = re.compile(r"literal\[.*\]|constrained-\w+|bool|int|float|str")
+
+
+def _union(errors: list[Any]) -> dict[str, Any] | None:
+    """The first error with the union's members merged: its key without the member's name,
+    and every member's requirement (``Input should be 'auto' or a valid boolean``)."""
+    *key, member = errors[0]["loc"] or ("",)
+    alike = [
+        e["msg"].removeprefix("Input should be ")
+        for e in errors
+        if list(e["loc"][:-1]) == key and _MEMBER.fullmatch(str(e["loc"][-1]))
+    ]
+    if len(alike) < 2 or not _MEMBER.fullmatch(str(member)):
+        return None
+    return {**errors[0], "loc": tuple(key), "msg": "Input should be " + " or ".join(alike)}
+
+
 def _format_error(err: ValidationError) -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    first = _union(errors) or errors[0]
     loc = _location(first["loc"])
     if first["type"] == "extra_forbidden":
         return f"params.yaml: unknown key {loc!r}; remove it or fix its spelling"
@@ -270,6 +289,9 @@ def _check_finite(node: Any, path: str) -> None:
     if isinstance(node, dict):
         for k, v in node.items():
             _check_finite(v, f"{path}.{k}" if path else str(k))
+    if isinstance(node, list):  # evaluate.shift.angles, *.sigma_multiples
+        for i, v in enumerate(node):
+            _check_finite(v, f"{path}.{i}")
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

@@ -244,15 +244,19 @@ _MEMBER = re.compile(r"literal\[.*\]|constrained-\w+|bool|int|float|str")
 def _union(errors: list[Any]) -> dict[str, Any] | None:
     """The first error with the union's members merged: its key without the member's name,
     and every member's requirement (``Input should be 'auto' or a valid boolean``)."""
-    *key, member = errors[0]["loc"] or ("",)
+    loc = errors[0]["loc"]
+    if not loc or not _MEMBER.fullmatch(str(loc[-1])):
+        return None
     alike = [
         e["msg"].removeprefix("Input should be ")
         for e in errors
-        if list(e["loc"][:-1]) == key and _MEMBER.fullmatch(str(e["loc"][-1]))
+        if len(e["loc"]) == len(loc)
+        and e["loc"][:-1] == loc[:-1]
+        and _MEMBER.fullmatch(str(e["loc"][-1]))
     ]
-    if len(alike) < 2 or not _MEMBER.fullmatch(str(member)):
+    if len(alike) < 2:
         return None
-    return {**errors[0], "loc": tuple(key), "msg": "Input should be " + " or ".join(alike)}
+    return {**errors[0], "loc": loc[:-1], "msg": "Input should be " + " or ".join(alike)}
 
 
 def _format_error(err: ValidationError) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bayesavg.config import Params, parse_params
+from bayesavg.config import Params, load_params, parse_params
 from bayesavg.runtime.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,3 +373,13 @@ def test_a_bad_key_stops_the_validate_stage_with_exit_code_2(
         "error: params.yaml: channels_last: Input should be 'auto' or a valid boolean (got 'x')\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_an_unreadable_params_file_says_why(tmp_path: Path) -> None:
+    """The OS's reason, not only that it failed: a missing file reads differently from a
+    folder or a permission problem."""
+    with pytest.raises(UserError) as refused:
+        load_params(tmp_path / "missing.yaml")
+    assert (
+        str(refused.value) == f"cannot read {tmp_path / 'missing.yaml'}: No such file or directory"
+    )

@@ -43,7 +43,16 @@ def _with(raw: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+CONSTANT = {"kind": "constant", "lr": 0.01}
+WEIGHTS = "pretrain.kind: weights starts from model.weights, and model.weights is read only by it"
 REFUSED: list[tuple[dict[str, Any], str]] = [
+    (
+        {"finetune.swag.schedule": CONSTANT, "finetune.swag.collect.start_epoch": 9},
+        "finetune.swag.collect.start_epoch: evaluate.predictors.swag.swag needs >= 2 snapshots; "
+        "collect from an earlier epoch or set collect.every",
+    ),
+    ({"model.name": "torchvision:resnet18", "model.weights": "ResNet18_Weights.DEFAULT"}, WEIGHTS),
+    ({"model.name": "torchvision:resnet18", "pretrain.kind": "weights"}, WEIGHTS),
     ({"checkpoint.every": -1}, "checkpoint.every: Input should be greater than or equal to 0"),
     ({"finetune.2sgd": {"start": "pretrain"}}, "finetune.2sgd: trajectory names are lower-case"),
     ({"finetune.Sgd": {"start": "pretrain"}}, "finetune.Sgd: trajectory names are lower-case"),
@@ -200,6 +209,16 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
         "evaluate.predictors.sgd.map.scale: map has no covariance scale; remove the key",
     ),
     (
+        {"evaluate.predictors.sgld.sw": {"method": "swa"}},
+        "evaluate.predictors.sgld.sw.method: swa needs SWAG snapshots (an sgd trajectory with "
+        "'collect'), but finetune.sgld is kind sgld",
+    ),
+    (
+        {"evaluate.predictors.swag.v": {"method": "vi"}},
+        "evaluate.predictors.swag.v.method: vi needs a variational posterior (a vi or hwa "
+        "trajectory), but finetune.swag is kind sgd",
+    ),
+    (
         {"evaluate.predictors.sgd.sw": {"method": "swa"}},
         "evaluate.predictors.sgd.sw.method: swa needs SWAG snapshots (an sgd trajectory with "
         "'collect'), but finetune.sgd is kind sgd with no 'collect' section",
@@ -220,6 +239,12 @@ def test_a_value_past_a_rule_is_refused_in_one_line_naming_the_key(
 
 
 ACCEPTED: list[dict[str, Any]] = [
+    {"finetune.swag.schedule": CONSTANT, "finetune.swag.collect.start_epoch": 8},
+    {
+        "model.name": "torchvision:resnet18",
+        "model.weights": "ResNet18_Weights.DEFAULT",
+        "pretrain.kind": "weights",
+    },
     {"data.dataset": "imagefolder:data/mine"},
     {"data.image_size": 32, "data.resize_size": 32},
     {"data.test_fraction": 0.5, "data.val_fraction": 0.4},
@@ -248,6 +273,7 @@ ACCEPTED: list[dict[str, Any]] = [
     {"finetune.ensemble.members": 3},
     {"finetune.chain": {"start": "fswag"}},
     {"evaluate.predictors.swag.swag.scale": 0.0},
+    {"evaluate.predictors.hwa.hwa_as_vi": {"method": "vi"}},
 ]
 
 
@@ -346,3 +372,23 @@ def test_a_tensorflow_ported_weights_name_gets_transform_input() -> None:
 
 def test_a_grid_is_its_points_from_start_to_stop() -> None:
     assert Grid(start=0.0, stop=1.0, points=5).values() == [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_a_predictor_without_a_scale_gets_its_methods_documented_one(
+    default_raw: dict[str, Any],
+) -> None:
+    """README / ALGORITHMS §1: swag at 0.5, swag_diag at 1; params.yaml writes the rest's
+    (hwa, multiswag) out: dropping a scale params.yaml writes changes nothing."""
+    written = parse_params(default_raw).evaluate.by_name
+    raw = copy.deepcopy(default_raw)
+    for group in raw["evaluate"]["predictors"].values():
+        for entry in group.values():
+            entry.pop("scale", None)
+    left_out = parse_params(raw).evaluate.by_name
+    assert {name: p.effective_scale() for name, p in left_out.items()} == {
+        name: p.effective_scale() for name, p in written.items()
+    }
+    assert (left_out["swag"].effective_scale(), left_out["swag_diag"].effective_scale()) == (
+        0.5,
+        1.0,
+    )

@@ -66,7 +66,11 @@ def resolve(name: str, overrides: dict[str, Any]) -> tuple[dict[str, Any], str |
 
 def write(name: str, overrides: dict[str, Any], out: Path) -> None:
     params, text = resolve(name, overrides)
-    parse_params(params)
+    try:
+        parse_params(params)
+    except UserError as err:  # its line names params.yaml: say what is being written
+        said = str(err).removeprefix("params.yaml: ")
+        raise UserError(f"{out.name} from presets/{name}.yaml: {said}") from err
     if text is None:
         header = f"# Written by scripts/preset.py from presets/{name}.yaml"
         if overrides:

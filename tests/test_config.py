@@ -114,10 +114,11 @@ def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:
         ("evaluate.shift.angles", [0.0, 400.0], "evaluate.shift.angles.1: Input should be less"),
         ("evaluate.ood.sets", ["animal_mnist", "animal_mnist"], "each OOD set once"),
         ("report.bootstrap.resamples", 999, "report.bootstrap.resamples: Input should be"),
-        (
+        (  # naming every one-network method, Laplace's mean included, as the CLI's help
             "evaluate.predictors.swag.swag.temperature",
             "fit",
-            "evaluate.predictors.swag.swag: temperature scaling tempers one network's",
+            "evaluate.predictors.swag.swag: temperature scaling tempers one network's "
+            "predictive; method swag averages several networks (use it with map, swa, laplace)",
         ),
         ("evaluate.predictors.sgd.map_ts.temperature", 1.5, "map_ts.temperature: Input should"),
     ],

@@ -115,8 +115,9 @@ def test_applying_a_preset_keeps_its_comments(tmp_path: Path) -> None:
 
 
 def test_a_bad_preset_or_override_is_one_line_and_leaves_params_alone(tmp_path: Path) -> None:
-    out = tmp_path / "params.yaml"
+    out = tmp_path / "cifar.yaml"
     out.write_text("untouched\n")
+    said = []
     for args in (["nope"], ["cifar10", "--set", "model.depth=44"], ["cifar10", "--set", "x.y=1"]):
         proc = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "preset.py"), *args, "--out", str(out)],
@@ -125,7 +126,10 @@ def test_a_bad_preset_or_override_is_one_line_and_leaves_params_alone(tmp_path: 
         )
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
+        said.append(proc.stderr)
     assert out.read_text() == "untouched\n"
+    # the file being written and where its params come from, not params.yaml
+    assert said[1].startswith("error: cifar.yaml from presets/cifar10.yaml: model.depth: ")
 
 
 def write_images(root: Path, classes: int = 10, per_class: int = 12) -> Path:

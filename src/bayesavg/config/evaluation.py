@@ -29,9 +29,10 @@ class Predictor(_Section):
         """Each sampled network is tempered, which is temperature scaling of the predictive
         only when there is one network."""
         if self.temperature is not None and REGISTRY[self.method].samples != "one":
+            one = [name for name, method in REGISTRY.items() if method.samples == "one"]
             raise ValueError(
                 f"temperature scaling tempers one network's predictive; method "
-                f"{self.method} averages several networks (use it with map or swa)"
+                f"{self.method} averages several networks (use it with {', '.join(one)})"
             )
         return self
 

@@ -20,6 +20,7 @@ from _common import (
     delegated,
     main,
     mark_outputs,
+    one_set,
     params,
     tracked,
     write_history,
@@ -30,6 +31,9 @@ from bayesavg.runtime.io import sha256_file, write_json, write_text
 
 OUT = Path("models/pretrain/posterior.pt")
 INIT = Path("models/init/posterior.pt")
+HISTORY = Path("plots/pretrain.csv")
+METRICS = Path("metrics/pretrain.json")
+OUTS = [OUT.parent, INIT.parent, HISTORY, METRICS]  # the stage's outputs (dvc.yaml)
 
 
 def run() -> None:
@@ -56,21 +60,23 @@ def run() -> None:
         return
     logged = {"model": p.model.model_dump(), "pretrain": p.pretrain.model_dump()}
     ckpt = stage_checkpoint("pretrain", p, logged, [MANIFEST], device_model(device))
-    with tracked("pretrain", p, logged, [MANIFEST], resume=ckpt.meta.get("run_id")) as mlrun:
-        ckpt.meta["run_id"] = mlrun.run_id
-        result = work(ckpt)
-        assert result is not None
-        save_posterior(OUT, result.posterior)
-        write_text(OUT.with_suffix(".sha256"), f"{sha256_file(OUT)}  {OUT.name}\n")
-        write_history(Path("plots/pretrain.csv"), result.history)
-        last = result.history[-1]
-        final = {k: v for k, v in last.items() if k not in ("epoch", "lr", *CLOCK_COLUMNS)}
-        write_json("metrics/pretrain.json", final)
-        mark_outputs(mlrun, [OUT])
-        mlrun.log_history(result.history)
-        mlrun.log_artifact(OUT.with_suffix(".sha256"))
+    # Both runs' files or none; the checkpoint goes once both are written.
+    with one_set(OUTS, ["pretrain", "init"]):
+        with tracked("pretrain", p, logged, [MANIFEST], resume=ckpt.meta.get("run_id")) as mlrun:
+            ckpt.meta["run_id"] = mlrun.run_id
+            result = work(ckpt)
+            assert result is not None
+            save_posterior(OUT, result.posterior)
+            write_text(OUT.with_suffix(".sha256"), f"{sha256_file(OUT)}  {OUT.name}\n")
+            write_history(HISTORY, result.history)
+            last = result.history[-1]
+            final = {k: v for k, v in last.items() if k not in ("epoch", "lr", *CLOCK_COLUMNS)}
+            write_json(METRICS, final)
+            mark_outputs(mlrun, [OUT])
+            mlrun.log_history(result.history)
+            mlrun.log_artifact(OUT.with_suffix(".sha256"))
+        _init(p)
     ckpt.remove()
-    _init(p)
 
 
 def _init(p: Params) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pipeline_repo import ROOT
 from test_stage_outputs import load_stage
-from test_stages_properties import MANIFEST, _edit_params, _Tracked, common
+from test_stages_properties import MANIFEST, _edit_params, _Tracked, _training_stage, common
 
 __all__ = ["common"]  # the fixture
 
@@ -361,3 +361,39 @@ def test_the_data_stage_links_its_manifest_and_splits_to_its_run(
     assert calls["mark_outputs"] == ({str(MANIFEST): sha256_file(MANIFEST)},)
     assert calls["log_datasets"] == (common.prepared_datasets(MANIFEST),)
     assert calls["log_metrics"] == ({"n_train": 3},)
+
+
+def test_pretrain_interrupted_in_init_leaves_no_half_set_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, common: ModuleType
+) -> None:
+    """pretrain writes models/pretrain and models/init, each its own run: a Ctrl-C while
+    init is written leaves neither (an earlier pretrain's files back), and its checkpoint,
+    so the rerun continues from it instead of training again. (A regression: pretrain's
+    files stayed and its checkpoint was already gone.)"""
+    import bayesavg.trajectories
+
+    stage, trainer, _ = _training_stage("pretrain", tmp_path, monkeypatch, common)
+    Path("metrics").mkdir()
+    Path("metrics/pretrain.json").write_text("earlier\n")
+
+    def stopped(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(bayesavg.trajectories, "initial_network", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            stage.run()
+    assert sorted(str(p) for p in Path().rglob("*") if p.is_file()) == [
+        "checkpoints/pretrain.pt",
+        str(MANIFEST),
+        "metrics/pretrain.json",
+        "models/pretrain/posterior.pt",  # the earlier one (_training_stage), back
+        "params.yaml",
+    ]
+    assert Path("metrics/pretrain.json").read_text() == "earlier\n"
+    assert Path("models/pretrain/posterior.pt").read_text() == "start"
+    common._digests.clear()
+    stage.run()
+    assert trainer.resumed == [None, {"epoch": 1}]
+    assert Path("models/init/posterior.sha256").is_file()
+    assert not Path("checkpoints/pretrain.pt").exists()

@@ -247,7 +247,7 @@ def test_the_report_tags_its_upstream_runs_and_weighs_the_evaluated_predictors(
 
 
 class _Left(Exception):
-    """``_leave`` called: the process would end here with the code recorded."""
+    """``_leave`` called: the process would end here."""
 
 
 def test_a_stage_leaves_once_its_tracking_worker_is_done_and_an_error_with_2(
@@ -256,9 +256,8 @@ def test_a_stage_leaves_once_its_tracking_worker_is_done_and_an_error_with_2(
     capsys: pytest.CaptureFixture[str],
     common: ModuleType,
 ) -> None:
-    """``main``: after the body, the worker carries out the last calls (else they are lost
-    and the run ends KILLED) and the last run's id file gets its ``finish``; then exit 0.
-    A UserError is one line and exit code 2."""
+    """``main``: the worker carries out the last calls (else lost, the run KILLED) and the
+    id file gets its ``finish``, then exit 0; a UserError is one line and exit code 2."""
     import _bootstrap
 
     from bayesavg.runtime.errors import UserError
@@ -312,24 +311,27 @@ def test_a_stage_s_command_line_is_checked_in_one_line(
 def test_an_evaluate_run_reads_the_trajectory_s_posterior(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, common: ModuleType
 ) -> None:
-    """Its inputs (the run's upstream links): the manifest and the posterior it predicts
-    with; logged: the seed `bayesavg evaluate --seed` takes to sample as it did."""
+    """Inputs (upstream links): manifest, posterior; logged: the seed it samples with."""
+    import bayesavg.evaluation.evaluate
     from bayesavg.seeding import derive_seed
 
     stage = load_stage("evaluate", tmp_path, monkeypatch)
-    tracked = _Tracked()
+    tracked, seeds = _Tracked(), []
     monkeypatch.setattr(stage, "tracked", tracked)
 
-    def stop(*args: Any) -> None:
+    def stop(*args: Any, seed: int, **kwargs: Any) -> None:
+        seeds.append(seed)
         raise _Left
 
-    monkeypatch.setattr(stage, "predict", stop)
+    monkeypatch.setattr(bayesavg.evaluation.evaluate, "evaluate", stop)
+    found = SimpleNamespace(posterior=None, bn_x=None, splits={}, ood={})
     with pytest.raises(_Left):
-        stage._predictor(common.params(), "swag_diag", None, None, None)
+        stage._predictor(common.params(), "swag_diag", found, None, "cpu")
     [opened] = tracked.opened
     assert opened["stage"] == "evaluate@swag_diag"
     assert opened["inputs"] == [MANIFEST, Path("models/swag/posterior.pt")]
     assert opened["logged"]["sampling_seed"] == derive_seed(0, "evaluate", "swag_diag")
+    assert seeds == [opened["logged"]["sampling_seed"]]
 
 
 def test_the_data_stage_links_its_manifest_and_splits_to_its_run(
@@ -366,10 +368,9 @@ def test_the_data_stage_links_its_manifest_and_splits_to_its_run(
 def test_pretrain_interrupted_in_init_leaves_no_half_set_and_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, common: ModuleType
 ) -> None:
-    """pretrain writes models/pretrain and models/init, each its own run: a Ctrl-C while
-    init is written leaves neither (an earlier pretrain's files back), and its checkpoint,
-    so the rerun continues from it instead of training again. (A regression: pretrain's
-    files stayed and its checkpoint was already gone.)"""
+    """A Ctrl-C while init is written leaves neither network (earlier files back) but the
+    checkpoint, which the rerun continues from. (A regression: pretrain's files stayed,
+    its checkpoint already gone.)"""
     import bayesavg.trajectories
 
     stage, trainer, _ = _training_stage("pretrain", tmp_path, monkeypatch, common)

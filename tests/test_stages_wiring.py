@@ -208,7 +208,8 @@ def test_the_report_tags_its_upstream_runs_and_weighs_the_evaluated_predictors(
     """The report's run links every other stage's run in the ledger (not validate's),
     and the registry weighs the predictors whose evaluate run is known, by val NLL."""
     stage = load_stage("report", tmp_path, monkeypatch)
-    tracked, p = _Tracked(), common.params()
+    _edit_params(lambda raw: (d := raw["evaluate"]["predictors"]).update(sgd=d.pop("sgd")))
+    tracked, p = _Tracked(), common.params()  # map listed last: still the baseline
     monkeypatch.setattr(stage, "tracked", tracked)
     written: list[Any] = []
     monkeypatch.setattr(stage, "write_report", lambda inputs, out: written.append(inputs) or {})
@@ -337,8 +338,7 @@ def test_an_evaluate_run_reads_the_trajectory_s_posterior(
 def test_the_data_stage_links_its_manifest_and_splits_to_its_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, common: ModuleType
 ) -> None:
-    """Later stages find the data run by the manifest's digest; pretrained weights'
-    normalisation goes to prepare as (mean, std)."""
+    """Later stages find the data run by its manifest's digest; weights' (mean, std)."""
     import bayesavg.data.prepared
     import bayesavg.data.pretrained_inputs
     from bayesavg.runtime.io import sha256_file

@@ -335,9 +335,9 @@ class Run:
                 + "."
             )
         extra = {"failed": failed, **({"why": reasons} if reasons else {})} if failed else {}
+        # not sorted: ``failed`` in the order stages ended, its first the parent's status
         summary = json.dumps(
-            {"ran": ran, "reused": kept, **extra, **({"rolled_back": rolled} if rolled else {})},
-            sort_keys=True,
+            {"ran": ran, "reused": kept, **extra, **({"rolled_back": rolled} if rolled else {})}
         )
         self._client.set_tag(parent, PIPELINE_TAG, summary)
         self._client.set_tag(parent, NOTE_TAG, " ".join(note))

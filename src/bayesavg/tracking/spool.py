@@ -143,13 +143,14 @@ class Spool:
                 # a file that is gone already stays named as it was: its call fails at the
                 # replay, as it would have failed now; the stage goes on either way
                 with contextlib.suppress(OSError):
-                    fields[key] = str(self._keep(Path(fields[key])))
+                    fields[key] = str(self._keep(Path(fields[key]), key))
         self._write({"op": op, "run": run, **fields})
         self.calls += 1
 
-    def _keep(self, path: Path) -> Path:
-        """A hard link (a copy across file systems) of ``path`` beside the spool."""
-        kept = self.files / str(self.calls) / path.name
+    def _keep(self, path: Path, field: str) -> Path:
+        """A hard link (a copy across file systems) of ``path`` beside the spool, apart
+        from the call's other fields' files (a model's may share a name)."""
+        kept = self.files / str(self.calls) / field / path.name
         kept.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             shutil.copytree(path, kept, copy_function=_link_or_copy)

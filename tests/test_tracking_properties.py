@@ -22,7 +22,7 @@ from bayesavg.tracking.mlflow_run import (
     Run,
 )
 from bayesavg.tracking.serialized import serialized
-from bayesavg.tracking.store import open_run
+from bayesavg.tracking.store import RESUMED_TAG, open_run
 from bayesavg.tracking.worker import DIED
 
 Store = tuple[str, str]
@@ -302,3 +302,27 @@ def test_a_stage_s_record_waits_while_another_holds_the_parent(
     waiting.join(timeout=60)
     summary = json.loads(_parent(mlflow_store, first).data.tags[PIPELINE_TAG])
     assert summary["ran"] == {"finetune@a": first.run_id, "finetune@b": second.run_id}
+
+
+def test_a_resumed_run_no_longer_says_how_it_ended_before(mlflow_store: Store) -> None:
+    """Rolled back (its pretrain set's init failed), then resumed from its checkpoint: the
+    page's top line and the tag go, the user's own words stay, ``RESUMED_TAG`` keeps what
+    it said. A run the sweep ended KILLED likewise loses the sweep's note."""
+    client = MlflowClient(tracking_uri=mlflow_store[0])
+    first = _open(mlflow_store, "pretrain")
+    client.set_tag(first.run_id, NOTE_TAG, "a user's own words")
+    first.terminate()
+    _open(mlflow_store, "init").mark_rolled_back({"pretrain": first.run_id}, "init failed")
+    said = "Rolled back: init failed: the stage writes all or none."
+    assert client.get_run(first.run_id).data.tags[NOTE_TAG].startswith(said)
+    _open(mlflow_store, "pretrain", resume=first.run_id).terminate()
+    tags = client.get_run(first.run_id).data.tags
+    assert ROLLED_BACK_TAG not in tags and tags[NOTE_TAG] == "a user's own words"
+    assert tags[RESUMED_TAG] == said
+    swept = _open(mlflow_store, "finetune@swag")
+    client.set_tag(swept.run_id, ENDED_TAG, "KILLED: the process that tracked it ...")
+    client.set_terminated(swept.run_id, status="KILLED")
+    _open(mlflow_store, "finetune@swag", resume=swept.run_id)
+    tags = client.get_run(swept.run_id).data.tags
+    assert ENDED_TAG not in tags and NOTE_TAG not in tags
+    assert tags[RESUMED_TAG] == "KILLED: the process that tracked it ..."

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from bayesavg.tracking import forks
 from bayesavg.tracking.mlflow_run import FAILURE_TAG, NOTE_TAG, ROLLED_BACK_TAG, Run
+from bayesavg.tracking.store import RESUMED_TAG
 from bayesavg.tracking.worker import DIED, RemoteRun, Tracker, TrackingError
 
 
@@ -107,7 +108,11 @@ def test_a_vanished_stage_leaves_a_killed_run_that_can_be_resumed(
     ) as run:
         run.log_metrics({"resumed": 1.0})
     assert run.run_id == run_id
-    assert _run(mlflow_store, run_id).info.status == "FINISHED"
+    resumed = _run(mlflow_store, run_id)
+    assert resumed.info.status == "FINISHED"
+    # its page no longer leads with "Killed: ..." of a run that finished; the line is kept
+    assert FAILURE_TAG not in resumed.data.tags and NOTE_TAG not in resumed.data.tags
+    assert resumed.data.tags[RESUMED_TAG] == f"Killed: {DIED}"
 
 
 def test_one_worker_serves_runs_one_after_another(mlflow_store: tuple[str, str]) -> None:

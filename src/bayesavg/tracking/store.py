@@ -12,10 +12,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import orphans
-from .mlflow_run import EXECUTION_TAG, OUTPUT_TAG, PARENT_TAG, Run, store_client
+from .mlflow_run import (
+    ENDED_TAG,
+    EXECUTION_TAG,
+    FAILURE_TAG,
+    NOTE_TAG,
+    OUTPUT_TAG,
+    PARENT_TAG,
+    ROLLED_BACK_TAG,
+    Run,
+    store_client,
+)
 from .serialized import serialized
 
 log = logging.getLogger(__name__)
+
+RESUMED_TAG = "bayesavg.resumed_after"  # how a resumed run's earlier end was marked
 
 
 def _upstream(client: Any, experiment_id: str, inputs: Mapping[str, str]) -> dict[str, str]:
@@ -121,6 +133,7 @@ def open_run(
     if run is not None:
         with serialized(tracking_uri, run.run_id):  # the lock ``orphans.sweep`` checks under
             client.set_tag(run.run_id, orphans.OWNER_TAG, orphans.owner())
+            _running_again(client, run.run_id)
             client.update_run(run.run_id, status="RUNNING")
         if parent_id is not None:
             client.set_tag(run.run_id, PARENT_TAG, parent_id)
@@ -172,6 +185,30 @@ def _parent_run(
         tags={EXECUTION_TAG: key, orphans.OWNER_TAG: orphans.owner(), **own, **extra},
     )
     return run.info.run_id
+
+
+def _running_again(client: Any, run_id: str) -> None:
+    """Unmark how a resumed run ended before: its page would go on saying "Killed:
+    interrupted by SIGTERM" (or "Rolled back: ...") on top of a run that then finishes.
+    What it said moves to ``RESUMED_TAG``; the lines it put on the description go."""
+    found = client.get_run(run_id)
+    tags, status = found.data.tags, found.info.status
+    marks = {
+        FAILURE_TAG: f"{status.capitalize()}: {tags.get(FAILURE_TAG)}",
+        ROLLED_BACK_TAG: f"Rolled back: {tags.get(ROLLED_BACK_TAG)}.",
+        ENDED_TAG: str(tags.get(ENDED_TAG)),  # the sweep's, as ``KILLED: ...``
+    }
+    marks = {tag: line for tag, line in marks.items() if tag in tags}
+    if not marks:
+        return
+    note = tags.get(NOTE_TAG, "")
+    while top := next((line for line in marks.values() if line and note.startswith(line)), None):
+        note = note[len(top) :].removeprefix("\n\n")  # each on top of the one before
+    client.set_tag(run_id, RESUMED_TAG, " ".join(marks.values()))
+    if note:
+        client.set_tag(run_id, NOTE_TAG, note)
+    for tag in [*marks, *([NOTE_TAG] if NOTE_TAG in tags and not note else [])]:
+        client.delete_tag(run_id, tag)
 
 
 def _resumed(client: Any, run_id: str, experiment_id: str, tracking_uri: str) -> Run | None:

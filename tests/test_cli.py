@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from cli_runs import run_ok, user_error_line
 from PIL import Image
 
 import bayesavg.runtime.io
@@ -47,26 +48,6 @@ def _evaluate_args(posterior: Path, predictor: str, data: str, out: Path, *extra
         "cpu",
         *extra,
     ]
-
-
-def _run_ok(args: list[str], out: Path) -> dict[str, Any]:
-    """Run in-process, expecting success, and return the metrics JSON."""
-    main(args)
-    return json.loads(out.read_text())
-
-
-def _run_user_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run in-process, expecting exit code 2 with one ``error:`` line; return that line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def _check_metrics(metrics: dict[str, Any], n: int) -> None:
@@ -113,7 +94,7 @@ def test_evaluate_imagefolder_writes_metrics(
     out = tmp_path / "m.json"
     posterior = getattr(tiny_posteriors, which)
     args = _evaluate_args(posterior, predictor, f"imagefolder:{imagefolder}", out)
-    metrics = _run_ok([*args, "--samples", "3", "--seed", "0"], out)
+    metrics = run_ok([*args, "--samples", "3", "--seed", "0"], out)
     _check_metrics(metrics, n=6)
     assert metrics["n_samples"] == n_samples
     assert metrics["predictor"] == predictor
@@ -128,7 +109,7 @@ def test_evaluate_matches_a_direct_prediction(
     """map on PNGs of known digits gives the network's own accuracy and NLL on those digits."""
     root, picked = digits_folder
     out = tmp_path / "m.json"
-    metrics = _run_ok(_evaluate_args(tiny_posteriors.plain, "map", f"imagefolder:{root}", out), out)
+    metrics = run_ok(_evaluate_args(tiny_posteriors.plain, "map", f"imagefolder:{root}", out), out)
     prepared = mnist5k_prepared.prepared
     x = prepared.test.x[picked]
     y = prepared.test.y[picked]
@@ -149,7 +130,7 @@ def test_evaluate_mnist5k_uses_the_held_out_test_split(
 ) -> None:
     out = tmp_path / "m.json"
     args = _evaluate_args(tiny_posteriors.plain, "map", "mnist5k", out, "--raw-dir", str(tmp_path))
-    metrics = _run_ok(args, out)
+    metrics = run_ok(args, out)
     _check_metrics(metrics, n=1000)
     prepared = mnist5k_prepared.prepared
     with torch.no_grad():
@@ -282,7 +263,7 @@ def test_corrupt_posterior_file(
     posterior = tmp_path / "posterior.pt"
     posterior.write_bytes(_corrupt_bytes(kind, tiny_posteriors.plain))
     out = tmp_path / "m.json"
-    line = _run_user_error(
+    line = user_error_line(
         _evaluate_args(posterior, "map", f"imagefolder:{imagefolder}", out), capsys
     )
     assert str(posterior) in line
@@ -299,7 +280,7 @@ def test_torch_file_that_is_not_a_posterior(
     posterior = tmp_path / "posterior.pt"
     torch.save(obj, posterior)
     out = tmp_path / "m.json"
-    line = _run_user_error(
+    line = user_error_line(
         _evaluate_args(posterior, "map", f"imagefolder:{imagefolder}", out), capsys
     )
     assert str(posterior) in line
@@ -325,7 +306,7 @@ def test_inconsistent_posterior_file(
     posterior = tmp_path / "posterior.pt"
     save_posterior(posterior, broken)
     out = tmp_path / "m.json"
-    _run_user_error(_evaluate_args(posterior, "map", f"imagefolder:{imagefolder}", out), capsys)
+    user_error_line(_evaluate_args(posterior, "map", f"imagefolder:{imagefolder}", out), capsys)
     assert not out.exists()
 
 
@@ -393,7 +374,7 @@ def test_user_errors_exit_2_with_one_line(
         extra = ["--seed", str(2**63)]
     elif case == "unknown_shift":
         extra = ["--shift", "fog"]
-    line = _run_user_error(_evaluate_args(posterior, predictor, data, out, *extra), capsys)
+    line = user_error_line(_evaluate_args(posterior, predictor, data, out, *extra), capsys)
     assert expected in line
     assert not out.exists()
 
@@ -446,7 +427,7 @@ def test_bad_outputs_and_devices_exit_2_leaving_every_file_as_it_was(
     elif case.startswith("device_"):
         extra += ["--device", case.removeprefix("device_")]
     args = _evaluate_args(posterior, "swa", "mnist5k", out, *extra)
-    assert expected in _run_user_error(args, capsys)
+    assert expected in user_error_line(args, capsys)
     assert posterior.read_bytes() == before
     left = {"posterior.pt"} | {p.name for p in (out, reliability) if p.is_dir()}
     if case == "out_under_a_file":
@@ -553,7 +534,7 @@ def test_bn_update_fraction_is_the_pipelines_subset(
     for fraction in ("0.25", "1.0"):
         out = tmp_path / f"m{fraction}.json"
         args = _evaluate_args(bn_swag_posterior, "swag", "mnist5k", out)
-        outs[fraction] = _run_ok([*args, "--samples", "3", "--bn-update-fraction", fraction], out)
+        outs[fraction] = run_ok([*args, "--samples", "3", "--bn-update-fraction", fraction], out)
     part = bn_subset(prepared.train, 0.25, posterior.data["seed"])
     assert len(part) == round(0.25 * len(prepared.train))
     direct = evaluate(
@@ -574,7 +555,7 @@ def test_bn_update_fraction_out_of_range_is_one_line(
 ) -> None:
     out = tmp_path / "m.json"
     args = _evaluate_args(bn_swag_posterior, "swag", "mnist5k", out, "--bn-update-fraction", "0")
-    assert "--bn-update-fraction" in _run_user_error(args, capsys)
+    assert "--bn-update-fraction" in user_error_line(args, capsys)
     assert not out.exists()
 
 
@@ -587,7 +568,7 @@ def test_non_finite_predictions_stop_with_the_predictor_named(
     path = tmp_path / "huge.pt"
     save_posterior(path, huge)
     out = tmp_path / "m.json"
-    line = _run_user_error(_evaluate_args(path, "map", "mnist5k", out), capsys)
+    line = user_error_line(_evaluate_args(path, "map", "mnist5k", out), capsys)
     assert "predictor map: the predictive probabilities are not finite" in line
     assert not out.exists()
 
@@ -606,13 +587,11 @@ def test_shift_and_ood_in_one_pass_match_separate_evaluations(
 
     out = tmp_path / "m.json"
     args = _evaluate_args(tiny_posteriors.swag, "swag", "mnist5k", out, "--samples", "4")
-    got = _run_ok(
-        [*args, "--shift", "rotate_30", "--shift", "stripe", "--ood", "animal_mnist"], out
-    )
+    got = run_ok([*args, "--shift", "rotate_30", "--shift", "stripe", "--ood", "animal_mnist"], out)
     assert set(got["shift"]) == {"rotate_30", "stripe"}
     assert set(got["shift"]["stripe"]) == {"accuracy", "nll", "ece", "brier", "entropy"}
     assert set(got["ood"]["animal_mnist"]) == {"msp", "entropy", "mutual_info"}
-    plain = _run_ok(args, out)
+    plain = run_ok(args, out)
     assert {k: got[k] for k in plain if k != "entropy"} == {
         k: v for k, v in plain.items() if k != "entropy"
     }, "the clean test metrics do not change when shifts and OOD sets ride along"
@@ -644,7 +623,7 @@ def test_mutual_information_of_a_single_network_detects_nothing(
 ) -> None:
     out = tmp_path / "m.json"
     args = _evaluate_args(tiny_posteriors.plain, "map", "mnist5k", out, "--ood", "animal_mnist")
-    mi = _run_ok(args, out)["ood"]["animal_mnist"]["mutual_info"]
+    mi = run_ok(args, out)["ood"]["animal_mnist"]["mutual_info"]
     assert mi["auroc"] == 0.5, "every score is 0: no ranking"
 
 
@@ -669,7 +648,7 @@ def test_no_deterministic_reaches_the_device_s_kernel_choice(
     monkeypatch.setattr(seeding, "resolve_device", resolve)
     out = tmp_path / "m.json"
     args = _evaluate_args(tiny_posteriors.plain, "map", "mnist5k", out)
-    first = _run_ok(args, out)
-    second = _run_ok([*args, "--no-deterministic"], out)
+    first = run_ok(args, out)
+    second = run_ok([*args, "--no-deterministic"], out)
     assert asked == [True, False]
     assert first == second  # on the CPU the kernels are deterministic either way

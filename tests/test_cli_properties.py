@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from cli_runs import run_ok, user_error_line
 
 import bayesavg.runtime.io
-from bayesavg.cli import _parser, main
+from bayesavg.cli import _parser
 from bayesavg.config.base import SEED_MAX
 from bayesavg.models import build_model
 from bayesavg.posteriors.file import PosteriorFile, load_posterior, save_posterior
@@ -30,22 +30,6 @@ def _args(posterior: Path, predictor: str, data: str, out: Path, *extra: str) ->
         *["evaluate", "--posterior", str(posterior), "--predictor", predictor],
         *["--data", data, "--out", str(out), "--device", "cpu", *extra],
     ]
-
-
-def _run_ok(args: list[str], out: Path) -> dict[str, Any]:
-    main(args)
-    return json.loads(out.read_text())
-
-
-def _error_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """Run expecting exit code 2 and exactly one line on stderr; return that line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(args)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    return err.rstrip("\n")
 
 
 def test_documented_defaults() -> None:
@@ -65,7 +49,7 @@ def test_without_samples_the_bma_has_thirty_networks(
 ) -> None:
     """The default S reaches the evaluation (n_samples in the JSON), not only the parser."""
     out = tmp_path / "m.json"
-    got = _run_ok(_args(tiny_posteriors.swag, "swag", f"imagefolder:{imagefolder}", out), out)
+    got = run_ok(_args(tiny_posteriors.swag, "swag", f"imagefolder:{imagefolder}", out), out)
     assert got["n_samples"] == 30
 
 
@@ -78,7 +62,7 @@ def test_reliability_csv_is_the_bins_behind_the_ece(
     images = imagefolder_factory(num_classes=10, per_class=3)
     out, bins = tmp_path / "m.json", tmp_path / "bins.csv"
     args = _args(tiny_posteriors.swag, "swag", f"imagefolder:{images}", out, "--samples", "3")
-    got = _run_ok([*args, "--reliability", str(bins)], out)
+    got = run_ok([*args, "--reliability", str(bins)], out)
     with bins.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [int(r["bin"]) for r in rows] == list(range(20))
@@ -103,13 +87,13 @@ def test_the_bounds_of_seed_and_scale_are_accepted(
     data = f"imagefolder:{imagefolder}"
     for seed in (0, SEED_MAX):
         out = tmp_path / f"s{seed}.json"
-        got = _run_ok(_args(tiny_posteriors.swag, "map", data, out, "--seed", str(seed)), out)
+        got = run_ok(_args(tiny_posteriors.swag, "map", data, out, "--seed", str(seed)), out)
         assert got["seed"] == seed
     out = tmp_path / "m.json"
-    zero = _run_ok(
+    zero = run_ok(
         _args(tiny_posteriors.swag, "swag", data, out, "--scale", "0", "--samples", "2"), out
     )
-    swa = _run_ok(_args(tiny_posteriors.swag, "swa", data, out), out)
+    swa = run_ok(_args(tiny_posteriors.swag, "swa", data, out), out)
     for key in ("accuracy", "nll", "ece", "brier"):
         assert zero[key] == pytest.approx(swa[key], rel=1e-9, abs=1e-12), key
 
@@ -124,7 +108,9 @@ def test_a_label_equal_to_the_class_count_is_refused(
     ``>`` would let it through to a gather)."""
     images = imagefolder_factory(num_classes=11, per_class=1, name="eleven")
     out = tmp_path / "m.json"
-    line = _error_line(_args(tiny_posteriors.plain, "map", f"imagefolder:{images}", out), capsys)
+    line = user_error_line(
+        _args(tiny_posteriors.plain, "map", f"imagefolder:{images}", out), capsys
+    )
     assert line == f"error: imagefolder:{images} has labels up to 10, the posterior has 10 classes"
     assert not out.exists()
 
@@ -154,7 +140,7 @@ def test_bad_options_are_one_exact_line(
     """Each line names the flag as the user typed it and the value given (DESIGN: one
     clear line, exit code 2); nothing is written."""
     out = tmp_path / "m.json"
-    line = _error_line(
+    line = user_error_line(
         _args(tiny_posteriors.plain, "map", f"imagefolder:{imagefolder}", out, *extra), capsys
     )
     assert line.startswith(expected) if expected.endswith(" ") else line == expected
@@ -174,7 +160,7 @@ def test_a_degenerate_fit_names_the_val_set_and_the_bracket(
     save_posterior(zero, dataclasses.replace(post, theta=torch.zeros_like(post.theta)))
     out, val = tmp_path / "m.json", f"imagefolder:{imagefolder}"
     args = _args(zero, "map", val, out, "--temperature", "fit", "--val", val)
-    line = _error_line(args, capsys)
+    line = user_error_line(args, capsys)
     assert line.startswith(f"error: --temperature fit on {val}: the fitted temperature ")
     assert line.endswith(" is at the edge of [0.05, 20]: the predictive is degenerate")
     assert not out.exists()
@@ -195,7 +181,7 @@ def test_a_failed_reliability_write_is_the_os_reason(
     monkeypatch.setattr(bayesavg.runtime.io, "write_csv", refused)
     out, bins = tmp_path / "m.json", tmp_path / "bins.csv"
     args = _args(tiny_posteriors.plain, "map", f"imagefolder:{imagefolder}", out)
-    line = _error_line([*args, "--reliability", str(bins)], capsys)
+    line = user_error_line([*args, "--reliability", str(bins)], capsys)
     assert line == "error: --reliability: cannot write it: Permission denied"
     assert not out.exists() and not bins.exists()
 
@@ -221,7 +207,7 @@ def test_a_cifar_c_shift_says_which_images_were_official(
     path, out = tmp_path / "rgb.pt", tmp_path / "m.json"
     save_posterior(path, rgb)
     args = _args(path, "map", f"imagefolder:{imagefolder}", out)
-    got = _run_ok([*args, "--shift", "c_gaussian_noise_1"], out)
+    got = run_ok([*args, "--shift", "c_gaussian_noise_1"], out)
     assert got["cifar_c_official"] == []
     assert set(got["shift"]) == {"c_gaussian_noise_1"}
 
@@ -241,5 +227,5 @@ def test_map_of_a_batchnorm_network_reads_no_training_data(
 
     monkeypatch.setattr(bayesavg.data.prepared, "load_eval_split", no_train)
     out = tmp_path / "m.json"
-    got = _run_ok(_args(bn_swag_posterior, "map", f"imagefolder:{imagefolder}", out), out)
+    got = run_ok(_args(bn_swag_posterior, "map", f"imagefolder:{imagefolder}", out), out)
     assert got["n"] == 6

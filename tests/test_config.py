@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from params_edit import with_keys
 
 from bayesavg.config import load_params, parse_params
 from bayesavg.runtime.errors import UserError
@@ -22,17 +23,8 @@ def default_raw() -> dict[str, Any]:
 
 
 def _with(raw: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
-    """A deep copy of ``raw`` with one dotted key set (or deleted when value is ...)."""
-    out = copy.deepcopy(raw)
-    *parents, last = dotted.split(".")
-    node = out
-    for key in parents:
-        node = node[key]
-    if value is ...:
-        del node[last]
-    else:
-        node[last] = value
-    return out
+    """``raw`` with one dotted key set (or deleted when value is ...)."""
+    return with_keys(raw, {dotted: value})
 
 
 def test_default_params_are_valid(default_raw: dict[str, Any]) -> None:

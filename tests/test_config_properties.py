@@ -4,7 +4,6 @@ takes when left out, and exit code 2 from the validate stage (the rules themselv
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from params_edit import with_keys
 
 from bayesavg.config import Params, load_params, parse_params
 from bayesavg.runtime.errors import UserError
@@ -30,18 +30,8 @@ def default_raw() -> dict[str, Any]:
 
 
 def _with(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """A deep copy of ``raw`` with dotted keys (``__`` for the dots) set, ``...`` deleting."""
-    out = copy.deepcopy(raw)
-    for dotted, value in changes.items():
-        *parents, last = dotted.split("__")
-        node = out
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is ...:
-            del node[last]
-        else:
-            node[last] = value
-    return out
+    """``with_keys`` with the dotted keys as keywords (``__`` for the dots)."""
+    return with_keys(raw, {k.replace("__", "."): v for k, v in changes.items()})
 
 
 def _refusal(raw: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from params_edit import with_keys
 
 from bayesavg.config import Grid, ModelParams, parse_params
 from bayesavg.runtime.errors import UserError
@@ -26,21 +27,6 @@ FACTORY = "networks.tiny:build"
 @pytest.fixture(scope="module")
 def default_raw() -> dict[str, Any]:
     return yaml.safe_load((ROOT / "params.yaml").read_text())
-
-
-def _with(raw: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of ``raw`` with dotted keys set (``...`` deletes the key)."""
-    out = copy.deepcopy(raw)
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        node = out
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is ...:
-            del node[last]
-        else:
-            node[last] = value
-    return out
 
 
 CONSTANT = {"kind": "constant", "lr": 0.01}
@@ -232,7 +218,7 @@ def test_a_value_past_a_rule_is_refused_in_one_line_naming_the_key(
 ) -> None:
     """The line starts with ``params.yaml: <key>: `` and says what is allowed."""
     with pytest.raises(UserError) as refused:
-        parse_params(_with(default_raw, changes))
+        parse_params(with_keys(default_raw, changes))
     line = str(refused.value)
     assert line.startswith("params.yaml: " + said), line
     assert "\n" not in line
@@ -282,14 +268,14 @@ def test_a_value_on_the_edge_of_a_rule_is_accepted(
     default_raw: dict[str, Any], changes: dict[str, Any]
 ) -> None:
     """Each bound is the documented one, not one step inside it."""
-    parse_params(_with(default_raw, changes))
+    parse_params(with_keys(default_raw, changes))
 
 
 def test_scales_and_sample_counts_are_the_predictors_own_else_the_defaults(
     default_raw: dict[str, Any],
 ) -> None:
     """README: swag_diag at scale 1, swag at 0.5; a predictor's own scale and S win."""
-    raw = _with(
+    raw = with_keys(
         default_raw,
         {
             "evaluate.predictors.swag.swag.scale": 0.3,
@@ -317,7 +303,7 @@ def test_the_snapshot_count_is_how_many_steps_collect(
 ) -> None:
     """``snapshots`` (what the posterior file is sized for) counts exactly the steps
     ``collects_after`` takes one after, the first at the end of epoch ``start_epoch``."""
-    raw = _with(
+    raw = with_keys(
         default_raw,
         {
             "finetune.swag.epochs": epochs,
@@ -337,7 +323,7 @@ def test_the_snapshot_count_is_how_many_steps_collect(
 
 def test_at_least_one_client_explores(default_raw: dict[str, Any]) -> None:
     """ALGORITHMS §8: max(1, round(fraction * clients)) clients explore in phase 2."""
-    raw = _with(default_raw, {"finetune.dswag.phase2.client_fraction": 0.01})
+    raw = with_keys(default_raw, {"finetune.dswag.phase2.client_fraction": 0.01})
     raw["finetune"]["dswag"]["phase2"]["snapshots_per_client"] = 1
     raw["evaluate"]["landscape"]["swag"]["trajectories"] = ["swag"]
     raw["finetune"].pop("fedavg_swag")
@@ -347,10 +333,10 @@ def test_at_least_one_client_explores(default_raw: dict[str, Any]) -> None:
     assert (dswag.explorers(), dswag.snapshots()) == (1, 1)
 
 
-def test_the_dropout_a_trajectory_trains_with(default_raw: dict[str, Any]) -> None:
+def test_the_dropout_a_trajectory_trainswith_keys(default_raw: dict[str, Any]) -> None:
     """Its own rate, else its start's (a trajectory started from mc_dropout keeps 0.1), else
     the model's: vgg16's own 0.5, 0 for lenet5, unknown (None) for a torchvision net."""
-    raw = _with(default_raw, {"finetune.more": {"start": "mc_dropout"}})
+    raw = with_keys(default_raw, {"finetune.more": {"start": "mc_dropout"}})
     params = parse_params(raw)
     assert params.dropout_of("more") == 0.1
     assert params.dropout_of("sgd") == 0.0

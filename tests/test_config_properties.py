@@ -206,6 +206,9 @@ def test_the_documented_top_level_defaults(default_raw: dict[str, Any]) -> None:
         "auto",
         "networks",
     )
+    assert (least.data.test_fraction, least.data.val_fraction) == (0.2, 0.1)
+    documented = (ROOT / "params.yaml").read_text().split("val_fraction:")[1].split("raw_dir:")[0]
+    assert "# 0.1 if left out" in documented
     assert (least.tracking.experiment, least.report.bootstrap.resamples) == ("bayesavg", 2000)
     assert least.report.title == "bayesavg report"
     assert Params.model_fields["finetune"].is_required()

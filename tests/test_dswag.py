@@ -1,6 +1,6 @@
 """Distributed SWAG (ALGORITHMS §8) end to end on CPU: process-count independence,
-the moments and FedAvg against references built by hand, the launcher's failure
-handling, and `dvc repro` on 1 and 2 processes.
+the moments and FedAvg against references built by hand, and `dvc repro` on 1 and 2
+processes. The launcher's handling of a rank's failure or a stop is tests/test_launch.py.
 
 The pure helpers (shards, client sampling, phase-2 rate, FedAvg weights) are
 tested in tests/test_federated.py. Ranks are spawned with torch.multiprocessing
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import pytest
 import torch
 import yaml
 from dswag_workers import make_net, make_splits, problem_spec, rank_main, run_spec, trajectory
-from pipeline_repo import DVC, PYTHON, ROOT, env, make_repo, prune_landscape, sh, small_params
+from pipeline_repo import DVC, ROOT, env, make_repo, prune_landscape, sh, small_params
 from ranks import spawn_ranks
 from torch.nn.utils import parameters_to_vector
 
@@ -38,7 +36,6 @@ from bayesavg.training.optim import SGD
 from bayesavg.training.train import train
 
 SPAWN_DEADLINE = 120.0  # seconds for a whole spawned run; a hang fails, never blocks
-JOB_DEADLINE = 60.0  # seconds for one torchrun job of the launcher tests
 
 P2 = {"epochs": 3, "lr_start": 0.05, "lr_end": 0.005, "snapshots_per_client": 2}
 
@@ -480,137 +477,6 @@ def test_a_client_with_a_last_batch_of_one_example_is_no_crash(
     out = _alone(spec, monkeypatch)
     assert out["posterior"]["collector"]["n_collected"] == 3
     assert all(math.isfinite(row["train_loss"]) for row in out["history"])
-
-
-# --- 6: the launcher: a failing rank ends the job fast; two jobs at once -------------
-
-LAUNCHED = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-
-    import torch
-    import torch.distributed as dist
-
-    from bayesavg.runtime import launch
-    from bayesavg.training.distributed import join, leave
-    from bayesavg.runtime.errors import UserError
-
-    MODE, OUT = sys.argv[1], sys.argv[2]
-
-
-    def work():
-        world = join(torch.device("cpu"))
-        if MODE == "ok":
-            total = torch.ones(3) * (world.rank + 1)
-            dist.all_reduce(total)
-            if world.is_main:
-                Path(OUT).write_text(str(total.tolist()))
-            leave(world)
-            return
-        if world.rank == 1:
-            if MODE == "user":
-                raise UserError("shard 7 is empty; lower clients")
-            raise ValueError("an unexpected bug in rank one")
-        dist.recv(torch.zeros(1), src=1)  # waits for rank 1, which never sends
-        Path(OUT).write_text("rank 0 was never stopped")
-
-
-    if __name__ == "__main__":
-        if launch.should_relaunch():
-            try:
-                launch.relaunch(sys.argv)
-            except UserError as err:
-                print(f"error: {err}", file=sys.stderr)
-                sys.exit(2)
-        else:
-            sys.exit(launch.rank_entry(work))
-    """
-)
-
-
-def _launch(tmp_path: Path, mode: str, out: str) -> subprocess.Popen[str]:
-    script = tmp_path / "launched.py"
-    if not script.exists():
-        script.write_text(LAUNCHED)
-    scratch = _scratch(tmp_path, out)
-    scratch.mkdir()
-    environ = env(BAYESAVG_NPROC="2", TMPDIR=str(scratch))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        environ.pop(name, None)
-    return subprocess.Popen(
-        [PYTHON, str(script), mode, str(tmp_path / out)],
-        cwd=tmp_path,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _scratch(folder: Path, out: str) -> Path:
-    """The job's own temporary folder ($TMPDIR), to see what it leaves there."""
-    return folder / f"tmp-{out}"
-
-
-def _left_behind(folder: Path, out: str) -> list[str]:
-    return sorted(p.relative_to(folder).as_posix() for p in _scratch(folder, out).rglob("*"))
-
-
-def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    """The job's exit code and stderr; it fails the test if it runs past the deadline."""
-    try:
-        _, err = proc.communicate(timeout=JOB_DEADLINE)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"the job ran past {JOB_DEADLINE} s:\n{err}") from None
-    return proc.returncode, err
-
-
-@pytest.fixture(scope="module")
-def user_error_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
-    """Rank 1 raises a UserError while rank 0 waits for it: (exit code, stderr, folder)."""
-    folder = tmp_path_factory.mktemp("user_error_job")
-    code, err = _finish(_launch(folder, "user", "out"))
-    return code, err, folder
-
-
-def test_a_rank_user_error_ends_the_job_fast(user_error_job: tuple[int, str, Path]) -> None:
-    code, err, folder = user_error_job  # within JOB_DEADLINE, or _finish failed it
-    assert code == 2, err
-    assert err.strip().splitlines()[-1] == "error: rank 1 of 2: shard 7 is empty; lower clients"
-    assert "Traceback" not in err
-    assert not (folder / "out").exists(), "rank 0 went on after its peer failed"
-    assert _left_behind(folder, "out") == [], "torchrun made a torchelastic_* folder per job"
-
-
-def test_a_rank_user_error_is_the_only_line(user_error_job: tuple[int, str, Path]) -> None:
-    """errors.py: a UserError is one line on stderr, also from a rank of a torchrun job."""
-    _, err, _ = user_error_job
-    assert err.strip().splitlines() == ["error: rank 1 of 2: shard 7 is empty; lower clients"]
-
-
-def test_a_rank_bug_ends_the_job_with_its_traceback(tmp_path: Path) -> None:
-    code, err = _finish(_launch(tmp_path, "bug", "out"))
-    assert code != 0
-    assert "Traceback" in err and 'raise ValueError("an unexpected bug in rank one")' in err
-    last = err.strip().splitlines()[-1]
-    assert last == "error: rank 1 of 2: ValueError: an unexpected bug in rank one", err
-    assert err.count("Traceback") == 1, "only the failing rank's traceback"
-    assert not (tmp_path / "out").exists()
-    assert _left_behind(tmp_path, "out") == []
-
-
-@pytest.mark.slow  # ~16 s on 2 cores: two torchrun jobs
-def test_two_jobs_at_once_do_not_clash(tmp_path: Path) -> None:
-    jobs = [_launch(tmp_path, "ok", f"out{i}") for i in range(2)]
-    for proc in jobs:
-        code, err = _finish(proc)
-        assert code == 0, err
-    for i in range(2):
-        assert (tmp_path / f"out{i}").read_text() == "[3.0, 3.0, 3.0]"
-        assert _left_behind(tmp_path, f"out{i}") == []
 
 
 # --- 8: dvc repro on 1 and 2 processes: the same bytes, one finished run each --------

@@ -32,6 +32,24 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+def stop_once(signum: int, frame: FrameType | None) -> None:
+    """A torchrun rank's handler of Ctrl-C and SIGTERM: the first raises as ``run_entry``'s
+    do, so ``finally`` blocks run; later ones are ignored. A rank gets each stop twice
+    (from the terminal's process group and from torchrun, which passes its own on), and a
+    second KeyboardInterrupt in the middle of the first one's clean-up would cut it short
+    with a traceback. torchrun kills a rank that has not ended after its grace period."""
+    for each in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(each, signal.SIG_IGN)
+    if signum == signal.SIGTERM:
+        raise Terminated
+    raise KeyboardInterrupt
+
+
+def exit_code(err: KeyboardInterrupt) -> int:
+    """The shell's exit code for an interruption: 143 (SIGTERM) or 130 (Ctrl-C)."""
+    return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
+
+
 def _said(terminated: bool) -> str:
     name = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
     return f"interrupted by {name}: stopped; {rerun()}"
@@ -82,9 +100,8 @@ def run_entry(fn: Callable[[], None]) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except KeyboardInterrupt as err:
-        terminated = isinstance(err, Terminated)
-        print(_said(terminated), file=sys.stderr)
-        sys.exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+        print(_said(isinstance(err, Terminated)), file=sys.stderr)
+        sys.exit(exit_code(err))
     except Exception as err:
         user = as_user_error(err)
         if user is None:

@@ -34,6 +34,12 @@ def resumes_from(path: str | os.PathLike[str] | None) -> None:
     _Resume.path = None if path is None else os.fspath(path)
 
 
+def resuming() -> str | None:
+    """The checkpoint this process would resume from (``resumes_from``), or None: a rank
+    hands it to its launcher, which then names it."""
+    return _Resume.path
+
+
 def rerun() -> str:
     """How the line a stopped stage ends with says to go on: from the checkpoint this
     process saved, where there is one; else what a rerun of each kind of stage does."""

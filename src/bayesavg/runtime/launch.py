@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -25,8 +26,8 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from . import numerics
-from .entry import setup_logging
-from .errors import UserError, as_user_error
+from .entry import Terminated, exit_code, said_of, setup_logging, stop_once
+from .errors import UserError, as_user_error, resumes_from, resuming
 
 NPROC_ENV = "BAYESAVG_NPROC"
 ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
@@ -57,6 +58,7 @@ def should_relaunch() -> bool:
 def relaunch(argv: Sequence[str]) -> None:
     """Run ``python argv...`` on ``BAYESAVG_NPROC`` processes through torchrun; return when
     all have finished, or raise ``UserError`` with the first failure in one line."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -84,18 +86,29 @@ def relaunch(argv: Sequence[str]) -> None:
         run(args)
     except ChildFailedError:
         raise UserError(_first_failure(errors)) from None
+    except SignalException as stop:
+        # Ctrl-C or SIGTERM here: torchrun has passed it on to the ranks and waited for
+        # them. The stop is said as a single process's is, with rank 0's checkpoint.
+        resumes_from(next((r["resume"] for r in _records(errors) if r.get("resume")), None))
+        raise (KeyboardInterrupt() if stop.sigval == signal.SIGINT else Terminated()) from None
     finally:
         shutil.rmtree(errors, ignore_errors=True)
 
 
-def _first_failure(errors: str) -> str:
-    """The earliest failure a rank recorded, as one line (the traceback first if a bug)."""
+def _records(errors: str) -> list[dict[str, object]]:
+    """What the ranks recorded of how they stopped, rank 0 first."""
     records = []
     for name in os.listdir(errors):
         if not (name.startswith("rank") and name.endswith(".json")):
             continue  # torchrun's logs
         with open(os.path.join(errors, name)) as f:
             records.append(json.load(f))
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def _first_failure(errors: str) -> str:
+    """The earliest failure a rank recorded, as one line (the traceback first if a bug)."""
+    records = _records(errors)
     if not records:
         return f"a rank of the {nproc()}-process run died without a word (killed?)"
     first = min(records, key=lambda r: r["time"])
@@ -107,16 +120,20 @@ def _first_failure(errors: str) -> str:
 def rank_entry(fn: Callable[[], None]) -> int:
     """Run one rank's part; on failure record it for the launcher and return the exit code.
 
-    Nothing is printed: the launcher reports the first failure of the job.
-    Ranks other than 0 log warnings only.
+    Nothing is printed: the launcher reports the first failure of the job, or, stopped
+    itself, the checkpoint rank 0 recorded here. Ranks other than 0 log warnings only.
     """
     setup_logging()
     if not is_main_rank():
         logging.getLogger().setLevel(logging.WARNING)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, stop_once)
     try:
         fn()
     except BaseException as err:
-        said = as_user_error(err)
+        stopped = isinstance(err, KeyboardInterrupt)
+        said = said_of(err) if stopped else as_user_error(err)
         user = said is not None
         record = {
             "rank": int(os.environ.get("RANK", "0")),
@@ -125,12 +142,16 @@ def rank_entry(fn: Callable[[], None]) -> int:
             "user_error": user,
             "message": str(said) if user else f"{type(err).__name__}: {err}",
             "traceback": traceback.format_exc(),
+            "resume": resuming(),
         }
         folder = os.environ.get(ERRORS_ENV)
         if folder is None:  # a rank started by hand, not by relaunch: say it here
-            sys.stderr.write(record["traceback"] if not user else f"error: {said}\n")
+            line = f"{said}\n" if stopped else f"error: {said}\n"
+            sys.stderr.write(line if user else record["traceback"])
         else:
             with open(os.path.join(folder, f"rank{record['rank']}.json"), "w") as f:
                 json.dump(record, f)
+        if stopped:
+            return exit_code(err)
         return 2 if user else 1
     return 0

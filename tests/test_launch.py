@@ -22,6 +22,7 @@ JOB_DEADLINE = 60.0  # seconds for one torchrun job
 
 LAUNCHED = textwrap.dedent(
     """
+    import os
     import sys
     import time
     from pathlib import Path
@@ -30,7 +31,7 @@ LAUNCHED = textwrap.dedent(
     import torch.distributed as dist
 
     from bayesavg.runtime import errors, launch
-    from bayesavg.runtime.entry import run_entry
+    from bayesavg.runtime.entry import early_interrupts, run_entry
     from bayesavg.runtime.errors import UserError, resumes_from
     from bayesavg.training.distributed import join, leave
 
@@ -66,6 +67,11 @@ LAUNCHED = textwrap.dedent(
     if __name__ == "__main__":
         if launch.should_relaunch():  # as a stage's launcher: one line, the exit code
             run_entry(lambda: launch.relaunch(sys.argv))
+        elif MODE == "importing":  # a rank still importing its stage's code
+            early_interrupts()
+            Path(f"{OUT}.ready{os.environ['RANK']}").write_text("")
+            while True:
+                time.sleep(0.05)
         else:
             sys.exit(launch.rank_entry(work))
     """
@@ -192,6 +198,21 @@ def test_a_stopped_job_says_one_line_with_rank_0_s_checkpoint(
         f"{line}: stopped; run it again to resume from checkpoints/job.pt"
     ]
     assert all((tmp_path / f"out.cleaned{rank}").exists() for rank in range(2))
+    assert _left_behind(tmp_path, "out") == []
+
+
+def test_ranks_stopped_while_importing_leave_the_line_to_the_launcher(tmp_path: Path) -> None:
+    """Before a rank runs ``rank_entry`` (its imports, seconds) a stop ends it at once,
+    silently: the launcher's is the one line (it printed one per rank as well)."""
+    proc = _launch(tmp_path, "importing", "out")
+    _started(proc, tmp_path / "out")
+    os.killpg(proc.pid, signal.SIGINT)
+    found, err = _finish(proc)
+    assert found == EXIT_INTERRUPTED, err
+    assert err.strip().splitlines() == [
+        "interrupted by Ctrl-C (SIGINT): stopped; run it again (pretrain and fine-tuning "
+        "stages resume from their last checkpoint)"
+    ]
     assert _left_behind(tmp_path, "out") == []
 
 

@@ -10,17 +10,19 @@ whole evaluation code).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from .errors import EXIT_USER_ERROR, UserError, as_user_error, rerun
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+RANK_ERRORS_ENV = "BAYESAVG_RANK_ERRORS"  # set by ``launch.relaunch`` for its ranks
 
 
 class Terminated(KeyboardInterrupt):
@@ -55,6 +57,22 @@ def _said(terminated: bool) -> str:
     return f"interrupted by {name}: stopped; {rerun()}"
 
 
+STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back (blocked, not lost) in this thread: a child started
+    meanwhile begins its life with them blocked, which ``exec`` keeps, until it unblocks
+    them itself. A helper process that must outlive its stage's stop can so ignore it
+    from its first instruction on, not only once its imports are done."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def early_interrupts() -> None:
     """Until ``run_entry`` runs: Ctrl-C or SIGTERM while a stage imports torch and its
     code (seconds) ends it with ``run_entry``'s line and exit code, not a traceback of
@@ -67,7 +85,8 @@ def early_interrupts() -> None:
 
 def _early(signum: int, frame: FrameType | None) -> None:
     terminated = signum == signal.SIGTERM
-    os.write(2, f"{_said(terminated)}\n".encode())
+    if RANK_ERRORS_ENV not in os.environ:  # a rank of ``launch.relaunch``: its launcher says it
+        os.write(2, f"{_said(terminated)}\n".encode())
     os._exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 

@@ -26,11 +26,11 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from . import numerics
-from .entry import Terminated, exit_code, said_of, setup_logging, stop_once
+from .entry import RANK_ERRORS_ENV, Terminated, exit_code, said_of, setup_logging, stop_once
 from .errors import UserError, as_user_error, resumes_from, resuming
 
 NPROC_ENV = "BAYESAVG_NPROC"
-ERRORS_ENV = "BAYESAVG_RANK_ERRORS"
+ERRORS_ENV = RANK_ERRORS_ENV
 
 
 def nproc() -> int:

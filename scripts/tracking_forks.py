@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from bayesavg.runtime.entry import stops_held
 from bayesavg.tracking import worker
 from bayesavg.tracking.forks import FORKS_ENV, HANDSHAKE_SECONDS
 
@@ -125,9 +126,10 @@ def _fork_for(conn: socket.socket, inherited: tuple[Any, ...]) -> int | None:
             return None
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _become_worker(message, fds, conn, inherited)
+        with stops_held():  # the worker ignores them from its start on, as a spawned one
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(message, fds, conn, inherited)
         _send(conn, {"pid": pid})
         return pid
     except (OSError, ValueError):

@@ -5,6 +5,7 @@ again while another of its stages runs."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from bayesavg.runtime.entry import (
     run_entry,
 )
 from bayesavg.tracking.store import open_run
-from bayesavg.tracking.worker import KILLED, Tracker, ended_status
+from bayesavg.tracking.worker import KILLED, Tracker, ended_status, serve
 
 
 def _status(mlflow_store: tuple[str, str], run_id: str) -> str:
@@ -180,6 +181,56 @@ def test_a_signal_during_a_stage_s_imports_is_one_line_and_its_exit_code(
         f"interrupted by {said}: stopped; run it again (pretrain and fine-tuning stages "
         "resume from their last checkpoint)\n"
     )
+
+
+# As a stage starts (``stages/_bootstrap.py``): its tracking worker spawned, then imports.
+WITH_WORKER = """
+import sys, time
+from bayesavg.runtime.entry import early_interrupts
+early_interrupts()
+from bayesavg.tracking.worker import Tracker
+Tracker.spawn(sys.argv[1], sys.argv[2])
+print("importing", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_during_the_imports_is_one_line_from_the_worker_too(
+    mlflow_store: tuple[str, str],
+) -> None:
+    """Ctrl-C reaches the process group: the worker as well, still importing, which
+    said a KeyboardInterrupt traceback; or it went on and found the stage gone when it
+    answered, a BrokenPipeError traceback. The stage's line is all (stderr is read to
+    its end, so the worker, which shares it, has ended too)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WITH_WORKER, *mlflow_store],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the stage and its worker: a terminal's process group
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "importing\n"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED
+    assert err == (
+        "interrupted by Ctrl-C (SIGINT): stopped; run it again (pretrain and fine-tuning "
+        "stages resume from their last checkpoint)\n"
+    )
+
+
+class _Gone(io.StringIO):
+    """The stage's end of the answers pipe, closed: the stage has died."""
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_worker_whose_stage_has_gone_ends_quietly(mlflow_store: tuple[str, str]) -> None:
+    """Its answer has no reader (the stage stopped before reading it); its stdin is at
+    its end: nothing to record, exit code 0, no BrokenPipeError."""
+    assert serve(*mlflow_store, io.StringIO(""), _Gone()) == 0
 
 
 def test_once_the_entry_runs_ctrl_c_raises_again_so_finally_blocks_run(

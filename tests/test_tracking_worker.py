@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,3 +262,31 @@ def test_metric_names_are_grouped_by_split() -> None:
     assert metric_key("test/nll") == "test/nll"
     assert metric_key("snapshots") == "snapshots"
     assert metric_key("train_") == "train_"
+
+
+def _stops(pid: int, field: str) -> set[int]:
+    """Which of SIGINT and SIGTERM process ``pid`` has in its /proc mask ``field``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            mask = int(line.split()[1], 16)
+            return {s for s in (signal.SIGINT, signal.SIGTERM) if mask >> (s - 1) & 1}
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_the_worker_ignores_a_stop_from_its_first_instruction(
+    mlflow_store: tuple[str, str],
+) -> None:
+    """Ctrl-C reaches the whole process group, the worker too, maybe while it still
+    imports (it was a KeyboardInterrupt traceback there, and no run's end recorded):
+    blocked from its start, ignored from ``main`` on, a stop never reaches it."""
+    own = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    tracker = Tracker.spawn(*mlflow_store)
+    pid = tracker._proc.pid
+    assert _stops(pid, "SigBlk") | _stops(pid, "SigIgn") == {signal.SIGINT, signal.SIGTERM}
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == own, "the stage's mask is back"
+    os.kill(pid, signal.SIGINT)
+    os.kill(pid, signal.SIGTERM)
+    with tracker.run("finetune@x", experiment="e", tags={}, inputs={}) as run:
+        run.log_metrics({"m": 1.0})
+    assert _run(mlflow_store, run.run_id).info.status == "FINISHED"
+    assert tracker._proc.wait() == 0

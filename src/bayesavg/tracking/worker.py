@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ..runtime.entry import said_of
+from ..runtime.entry import STOPS, said_of, stops_held
 from . import forks
 
 KILLED = "KILLED"  # a run whose stage died without ending it
@@ -62,12 +62,13 @@ class Tracker:
         ``scripts/repro.py`` it is forked from a warm server (``forks``), else spawned."""
         args = [tracking_uri, artifact_location]
         args += [str(spool_dir)] if spool_dir is not None else []
-        proc = forks.request(args) or subprocess.Popen(
-            [sys.executable, "-m", "bayesavg.tracking.worker", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        with stops_held():  # the worker ignores them from its start on (``main``)
+            proc = forks.request(args) or subprocess.Popen(
+                [sys.executable, "-m", "bayesavg.tracking.worker", *args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
         return cls(proc, tracking_uri)
 
     def unreachable(self) -> str | None:
@@ -129,8 +130,7 @@ class Tracker:
             raise TrackingError(self._failure())
 
     def _release(self, *pipes: IO[str] | None) -> None:
-        """Close this side of ``pipes`` (default both): a pipe's file left to the garbage
-        collector warns, and keeps its descriptor until then."""
+        """Close this side of ``pipes`` (default both): one left to the collector warns."""
         for pipe in pipes or (self._proc.stdin, self._proc.stdout):
             if pipe is not None and not pipe.closed:
                 with contextlib.suppress(BrokenPipeError):
@@ -283,10 +283,9 @@ def serve(
     _answer(stdout, {"ready": problem is None, "error": problem})
     if problem is not None:
         return 2
-    # Importing mlflow and opening its store create ~10^6 long-lived objects
-    # and no garbage: collecting during the import, or walking them all in the
-    # first full collection after it (~0.2 s each time), only delays the stage.
-    # Freezing moves them out of the collector's sight.
+    # Importing mlflow and opening its store create ~10^6 long-lived objects and no
+    # garbage: collecting during the import, or walking them all in the first full
+    # collection after it (~0.2 s each), only delays the stage: they are frozen.
     gc.disable()
     from .store import open_run, warm_store
 
@@ -359,8 +358,9 @@ def _cause(spool: Any) -> str:
 
 
 def _answer(stdout: IO[str], message: Mapping[str, Any]) -> None:
-    stdout.write(json.dumps(message) + "\n")
-    stdout.flush()
+    with contextlib.suppress(BrokenPipeError):  # a stage stopped in its imports has gone
+        stdout.write(json.dumps(message) + "\n")
+        stdout.flush()
 
 
 def ended_status(err: BaseException) -> str:
@@ -369,11 +369,12 @@ def ended_status(err: BaseException) -> str:
 
 
 def main() -> None:
-    # Ctrl-C, or a SIGTERM to the whole process group (a timeout, a cancelled CI job),
-    # reaches this worker too: let the stage decide, and log what it sent. The worker
-    # ends when the stage's pipe closes, marking the run KILLED if the stage died.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C or a SIGTERM to the process group (a timeout, a cancelled CI job) reaches
+    # this worker too, blocked since its spawn (``stops_held``): the stage decides; the
+    # worker ends when the stage's pipe closes (the run KILLED if the stage died).
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
     uri, artifacts = sys.argv[1:3]
     spool_dir = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     # Before mlflow is imported: its INFO lines ("Validating input example ...") and
@@ -386,8 +387,7 @@ def main() -> None:
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
-    code = serve(uri, artifacts, sys.stdin, answers, spool_dir)
-    answers.flush()
+    code = serve(uri, artifacts, sys.stdin, answers, spool_dir)  # each answer flushed
     # Every call has been carried out and committed; finalising mlflow's and
     # SQLAlchemy's module graphs would keep the stage waiting ~0.8 s more.
     logging.shutdown()

@@ -99,6 +99,7 @@ class ErrorProxy:
         self.status = status
         self.failing = upstream is None
         self.failed = 0  # requests answered 503
+        self.headers: list[dict[str, str]] = []  # each request's headers, in order
         self._when: Callable[[str, str, bytes], bool] | None = None
         proxy = self
 
@@ -107,6 +108,7 @@ class ErrorProxy:
                 pass
 
             def _forward(self) -> None:
+                proxy.headers.append(dict(self.headers.items()))
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if proxy._when is not None and proxy._when(self.command, self.path, body):
                     proxy.failing, proxy._when = True, None

@@ -111,3 +111,27 @@ def test_a_stage_resuming_a_run_waits_while_the_sweep_holds_it(
     assert resumed == [killed.run_id]
     found = MlflowClient(tracking_uri=mlflow_store[0]).get_run(killed.run_id)
     assert found.info.status == "RUNNING" and found.data.tags[orphans.OWNER_TAG] == real()
+
+
+def test_a_stage_finds_its_parent_under_the_lock_the_sweep_takes_for_it(
+    mlflow_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep ends a parent left RUNNING under the lock named by the parent's
+    execution tag; a stage taking that parent over must wait on the same lock, also for
+    a DVC experiment name with a quote (``dvc exp run -n "bob's"``), which the tag drops."""
+    watched = threading.Event()
+    real = store._parent_run
+
+    def parent_run(*args: Any) -> str:
+        watched.set()
+        return real(*args)
+
+    monkeypatch.setattr(store, "_parent_run", parent_run)
+    execution = {"key": "host:1:2:bob's", "name": "bob's"}
+    _open(mlflow_store, "validate")  # the experiment exists, this process has swept it
+    stage = threading.Thread(target=lambda: _open(mlflow_store, "finetune@a", parent=execution))
+    with serialized(mlflow_store[0], "host:1:2:bobs"):  # the sweep, on a parent tagged so
+        stage.start()
+        assert not watched.wait(1), "the parent was looked up under the sweep's lock"
+    stage.join(timeout=60)
+    assert watched.is_set()

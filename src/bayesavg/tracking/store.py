@@ -127,7 +127,8 @@ def open_run(
             )
     parent_id = None
     if parent:
-        with serialized(tracking_uri, parent["key"]):
+        # the key as the parent's tag holds it: the lock the sweep takes for the parent
+        with serialized(tracking_uri, _execution_key(parent)):
             parent_id = _parent_run(client, exp_id, parent, tags or {})
     run = _resumed(client, resume, exp_id, tracking_uri) if resume else None
     if run is not None:
@@ -164,7 +165,7 @@ def _parent_run(
 ) -> str:
     """The id of the execution's parent run, created (named ``parent["name"]``, with the
     child's source tags) if no run has its key yet."""
-    key = parent["key"].replace("'", "")
+    key = _execution_key(parent)
     found = client.search_runs(
         [experiment_id], filter_string=f"tags.`{EXECUTION_TAG}` = '{key}'", max_results=1
     )
@@ -185,6 +186,12 @@ def _parent_run(
         tags={EXECUTION_TAG: key, orphans.OWNER_TAG: orphans.owner(), **own, **extra},
     )
     return run.info.run_id
+
+
+def _execution_key(parent: Mapping[str, str]) -> str:
+    """``parent["key"]`` as ``EXECUTION_TAG`` holds it (a quote would end the search's
+    string), which also names the parent's lock."""
+    return parent["key"].replace("'", "")
 
 
 def _running_again(client: Any, run_id: str) -> None:

@@ -223,8 +223,6 @@ class Run:
             params={k: str(v) for k, v in config.items()},
             model_type="bayesavg-posterior",
         )
-        if self.tracking_uri is not None:  # save_model resolves runs:/ URIs with it
-            mlflow.set_tracking_uri(self.tracking_uri)
         with tempfile.TemporaryDirectory() as tmp:
             local = Path(tmp) / "model"
             mlflow.pyfunc.save_model(

@@ -27,7 +27,7 @@ from _execution import execution
 
 from bayesavg.config import Params, load_params
 from bayesavg.runtime import launch, numerics
-from bayesavg.runtime.entry import run_entry, said_of
+from bayesavg.runtime.entry import leave_on_stop, run_entry, said_of, stops_deferred
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
 from bayesavg.runtime.outputs import all_or_nothing, finish_killed
@@ -326,6 +326,7 @@ def tracked(
 def _finish_tracking() -> None:
     """Wait for the tracking worker to carry out the process's last calls; the time goes
     to the last run's id file as its ``finish``."""
+    leave_on_stop(_leave)  # the work is done: a stop now ends the wait (exit code 0)
     tracker, _bootstrap.tracker = _bootstrap.tracker, None
     if tracker is None:
         return
@@ -334,7 +335,8 @@ def _finish_tracking() -> None:
     if _Ledger.last is not None:
         path, record = _Ledger.last
         record["seconds"]["finish"] = time.perf_counter() - waited
-        write_json(path, record)
+        with stops_deferred():  # a stop leaves after the write, not with half of it
+            write_json(path, record)
 
 
 def reused_runs(stage: str) -> dict[str, str]:

@@ -233,6 +233,37 @@ def test_a_worker_whose_stage_has_gone_ends_quietly(mlflow_store: tuple[str, str
     assert serve(*mlflow_store, io.StringIO(""), _Gone()) == 0
 
 
+# A stage whose outputs are written, waiting for its tracking worker's last calls.
+FINISHING = """
+import os, signal, sys, time
+from bayesavg.runtime.entry import early_interrupts, leave_on_stop
+early_interrupts()
+
+def leave(code):
+    print("left", flush=True)
+    os._exit(code)
+
+leave_on_stop(leave)
+os.kill(os.getpid(), int(sys.argv[1]))
+time.sleep(30)
+os._exit(9)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_once_the_work_is_done_ends_the_wait_not_the_stage(signum: int) -> None:
+    """Exit code 0 and no line: the outputs are whole and DVC may record them; the
+    stop's line (or, from a torchrun rank, a traceback) said the stage had stopped."""
+    done = subprocess.run(
+        [sys.executable, "-c", FINISHING, str(int(signum))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "left\n", "")
+
+
 def test_once_the_entry_runs_ctrl_c_raises_again_so_finally_blocks_run(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

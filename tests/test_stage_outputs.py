@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from pipeline_repo import ROOT
 
+from bayesavg.runtime import outputs as outputs_module
+from bayesavg.runtime.entry import Terminated
 from bayesavg.runtime.outputs import all_or_nothing
 
 FAILURES = [RuntimeError, KeyboardInterrupt, SystemExit]
@@ -97,6 +99,45 @@ def test_on_success_the_outputs_are_what_writing_directly_gives(tmp_path: Path) 
     with all_or_nothing(outputs(guarded, units)):
         write_units(guarded, units, fail_at=None, error=RuntimeError)
     assert tree(guarded) == tree(direct)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_as_the_old_set_goes_leaves_the_new_one_and_no_aside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> None:
+    """The set is whole when the old contents are being removed: a stop then acts once
+    they are gone. Cut short, they waited aside (``.out.<random>.old``), and the next run
+    took them for a killed set's and put the old set back over the finished one."""
+    units = ["a", "b", "c"]
+    direct, guarded = tmp_path / "direct", tmp_path / "guarded"
+    for root in (direct, guarded):
+        bystanders(root)
+    write_units(direct, units, fail_at=None, error=RuntimeError)
+    write_units(guarded, units, fail_at=None, error=RuntimeError)  # the old set
+    for path in guarded.rglob("*.*"):
+        if path.name not in ("notes.txt", "other.json"):  # the bystanders stay theirs
+            path.write_text(f"old {path.name}\n")
+    remove = outputs_module._remove
+
+    def stopped_while_removing(path: Path) -> None:
+        os.kill(os.getpid(), signum)
+        remove(path)
+
+    monkeypatch.setattr(outputs_module, "_remove", stopped_while_removing)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        with pytest.raises(KeyboardInterrupt), all_or_nothing(outputs(guarded, units)):
+            write_units(guarded, units, fail_at=None, error=RuntimeError)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    assert tree(guarded) == tree(direct)  # the new set, nothing aside
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def test_a_path_inside_another_listed_is_covered_by_it(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -71,6 +72,39 @@ def stops_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """A stop (Ctrl-C, SIGTERM) during the body is acted on once it has ended, by the
+    handler there was before: for a few steps that must not be cut in half. (Blocking
+    the signals would not do: a process-directed signal may land on another thread, and
+    Python runs its handler in the main thread all the same.)"""
+    main = threading.current_thread() is threading.main_thread()
+    if not main or any(signal.getsignal(stop) is None for stop in STOPS):
+        yield  # Python's handlers run in the main thread; None: one set outside Python
+        return
+    caught: list[int] = []
+    before = {
+        stop: signal.signal(stop, lambda signum, frame: caught.append(signum)) for stop in STOPS
+    }
+    try:
+        yield
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
+def leave_on_stop(leave: Callable[[int], object]) -> None:
+    """From here a stop (Ctrl-C, SIGTERM) calls ``leave(0)``: for a stage whose work is
+    done, outputs written, waiting only for its bookkeeping (the tracking worker's last
+    calls). It ends the wait, not the stage: the worker, which ignores the stop, ends the
+    runs itself, and DVC records the stage as done, which it is. The stop's line and exit
+    code, or a traceback from a torchrun rank, would say otherwise."""
+    for stop in STOPS:
+        signal.signal(stop, lambda signum, frame: leave(0))
 
 
 def early_interrupts() -> None:

@@ -33,6 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from .entry import stops_deferred
 from .io import TEMP_RANDOM
 
 
@@ -63,8 +64,11 @@ def all_or_nothing(paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
     except BaseException:
         _roll_back(claimed, moved, created)
         raise
-    for _, aside in moved:
-        _remove(aside)
+    # The set is whole: a stop now waits for the old contents to go. Cut short, they would
+    # wait aside, and the next run would take them for a killed set's and put them back.
+    with stops_deferred():
+        for _, aside in moved:
+            _remove(aside)
 
 
 def finish_killed(paths: Iterable[str | os.PathLike[str]]) -> None:

@@ -1,19 +1,27 @@
 """Tracking promises a second mutation audit of ``bayesavg.tracking`` found untested: a
 parent taken over from FINISHED is owned by the stage that took it (no sweep ends it
-before that stage's run exists), and an untagged experiment is tagged under its lock."""
+before that stage's run exists), an untagged experiment is tagged under its lock, a
+worker whose server is down at the start exits 2, and a forked worker whose server went
+away is not taken to have ended well."""
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_tracking_properties import _client, _open, _stage
 from test_tracking_recovery_properties import _dead_pid
 
-from bayesavg.tracking import orphans, store
+from bayesavg.tracking import forks, orphans, store
 from bayesavg.tracking.mlflow_run import PARENT_TAG, store_client
 from bayesavg.tracking.serialized import serialized
+from bayesavg.tracking.worker import Tracker, TrackingError, serve
 
 Store = tuple[str, str]
 
@@ -42,6 +50,40 @@ def test_a_finished_parent_taken_over_is_not_swept_before_the_stage_s_run_exists
     _stage(mlflow_store, "train")
     assert swept == [[]]
     assert client.get_run(parent_id).info.status == "RUNNING"
+
+
+def test_a_worker_whose_server_is_down_at_the_start_says_why_and_exits_2(
+    tmp_path: Path,
+) -> None:
+    """Its only answer is the one line the stage stops with; its exit code is 2 (what a
+    forked worker's server reports to the stage), and nothing is spooled."""
+    out = io.StringIO()
+    uri = "http://127.0.0.1:9"  # nothing listens there
+    assert serve(uri, "", io.StringIO(""), out, tmp_path / "spool") == 2
+    [answer] = (json.loads(line) for line in out.getvalue().splitlines())
+    assert answer["ready"] is False
+    assert f"{uri} is unreachable (Connection refused)" in answer["error"]
+    assert "\n" not in answer["error"] and not (tmp_path / "spool").exists()
+
+
+def test_a_forked_worker_whose_server_went_away_has_not_ended_well() -> None:
+    """The server sends a forked worker's exit code on the stage's connection; when the
+    connection ends without it, the worker's end is unknown: closing the tracker fails,
+    saying so, and does not pass for a worker that ended well."""
+    conn, server = socket.socketpair()
+    calls, answers = os.pipe(), os.pipe()
+    with os.fdopen(calls[0]) as worker_in, os.fdopen(answers[1], "w"):
+        forked = forks.Forked(
+            conn,
+            conn.makefile("r"),
+            _dead_pid(),
+            os.fdopen(calls[1], "w"),
+            os.fdopen(answers[0]),
+        )
+        server.close()  # gone before it sent the worker's exit code
+        with pytest.raises(TrackingError, match=r"worker stopped \(exit code 1\)"):
+            Tracker(forked).close()
+        assert worker_in.read() == ""  # the stage let go of its calls pipe
 
 
 def test_a_stage_tags_an_untagged_experiment_only_under_its_lock(

@@ -220,7 +220,7 @@ def test_a_rank_started_by_hand_says_its_stop_itself(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Outside ``relaunch`` (torchrun run by hand, README) there is no launcher to say it."""
-    monkeypatch.delenv(launch.ERRORS_ENV, raising=False)
+    monkeypatch.delenv(launch.RANK_ERRORS_ENV, raising=False)
     monkeypatch.setattr(errors._Resume, "path", None)  # no checkpoint saved in this process
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 

@@ -150,7 +150,7 @@ def test_a_rank_records_a_full_disk_as_a_user_error(
 ) -> None:
     """Written through ``atomic_path`` or not (a dataset download, torch's own file): the
     launcher then prints the rank's line without its traceback."""
-    monkeypatch.setenv(launch.ERRORS_ENV, str(tmp_path))
+    monkeypatch.setenv(launch.RANK_ERRORS_ENV, str(tmp_path))
     monkeypatch.setenv("WORLD_SIZE", "2")
 
     def atomic() -> None:

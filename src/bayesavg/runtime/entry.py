@@ -24,6 +24,7 @@ from .errors import EXIT_USER_ERROR, UserError, as_user_error, rerun
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 RANK_ERRORS_ENV = "BAYESAVG_RANK_ERRORS"  # set by ``launch.relaunch`` for its ranks
+STOPS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; a timeout, a cancelled job, ``kill``
 
 
 class Terminated(KeyboardInterrupt):
@@ -41,7 +42,7 @@ def stop_once(signum: int, frame: FrameType | None) -> None:
     (from the terminal's process group and from torchrun, which passes its own on), and a
     second KeyboardInterrupt in the middle of the first one's clean-up would cut it short
     with a traceback. torchrun kills a rank that has not ended after its grace period."""
-    for each in (signal.SIGINT, signal.SIGTERM):
+    for each in STOPS:
         signal.signal(each, signal.SIG_IGN)
     if signum == signal.SIGTERM:
         raise Terminated
@@ -56,9 +57,6 @@ def exit_code(err: KeyboardInterrupt) -> int:
 def _said(terminated: bool) -> str:
     name = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
     return f"interrupted by {name}: stopped; {rerun()}"
-
-
-STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
 @contextlib.contextmanager
@@ -112,7 +110,7 @@ def early_interrupts() -> None:
     code (seconds) ends it with ``run_entry``'s line and exit code, not a traceback of
     the import under way (Ctrl-C) or a silent death (SIGTERM). Nothing has been written
     yet, so it exits at once. A signal ignored from the start (``nohup``) stays so."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOPS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _early)
 

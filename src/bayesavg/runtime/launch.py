@@ -26,11 +26,18 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from . import numerics
-from .entry import RANK_ERRORS_ENV, Terminated, exit_code, said_of, setup_logging, stop_once
+from .entry import (
+    RANK_ERRORS_ENV,
+    STOPS,
+    Terminated,
+    exit_code,
+    said_of,
+    setup_logging,
+    stop_once,
+)
 from .errors import UserError, as_user_error, resumes_from, resuming
 
 NPROC_ENV = "BAYESAVG_NPROC"
-ERRORS_ENV = RANK_ERRORS_ENV
 
 
 def nproc() -> int:
@@ -63,7 +70,7 @@ def relaunch(argv: Sequence[str]) -> None:
     from torch.distributed.run import get_args_parser, run
 
     errors = tempfile.mkdtemp(prefix="bayesavg-ranks-")
-    os.environ[ERRORS_ENV] = errors
+    os.environ[RANK_ERRORS_ENV] = errors
     # The ranks are new processes that inherit the environment: the thread count and
     # instruction set apply to them even where this process imported torch unpinned.
     numerics.pin(os.environ)
@@ -126,7 +133,7 @@ def rank_entry(fn: Callable[[], None]) -> int:
     setup_logging()
     if not is_main_rank():
         logging.getLogger().setLevel(logging.WARNING)
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOPS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, stop_once)
     try:
@@ -144,7 +151,7 @@ def rank_entry(fn: Callable[[], None]) -> int:
             "traceback": traceback.format_exc(),
             "resume": resuming(),
         }
-        folder = os.environ.get(ERRORS_ENV)
+        folder = os.environ.get(RANK_ERRORS_ENV)
         if folder is None:  # a rank started by hand, not by relaunch: say it here
             line = f"{said}\n" if stopped else f"error: {said}\n"
             sys.stderr.write(line if user else record["traceback"])

@@ -62,14 +62,13 @@ class Tracker:
         ``scripts/repro.py`` it is forked from a warm server (``forks``), else spawned."""
         args = [tracking_uri, artifact_location]
         args += [str(spool_dir)] if spool_dir is not None else []
+        forked = forks.request(args)
+        if forked is not None:
+            return cls(forked, tracking_uri)
         with stops_held():  # the worker ignores them from its start on (``main``)
-            proc = forks.request(args) or subprocess.Popen(
-                [sys.executable, "-m", "bayesavg.tracking.worker", *args],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-        return cls(proc, tracking_uri)
+            command = [sys.executable, "-m", "bayesavg.tracking.worker", *args]
+            pipe = subprocess.PIPE
+            return cls(subprocess.Popen(command, stdin=pipe, stdout=pipe, text=True), tracking_uri)
 
     def unreachable(self) -> str | None:
         """Why the store cannot be reached (one line), or None: waits for the worker's

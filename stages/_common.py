@@ -19,18 +19,18 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import _bootstrap  # first: the environment check, and the tracking worker started
 import yaml
 from _execution import execution
+from _sets import _Ledger, reused_runs, run_file
 
 from bayesavg.config import Params, load_params
 from bayesavg.runtime import launch, numerics
 from bayesavg.runtime.entry import leave_on_stop, run_entry, said_of, stops_deferred
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import sha256_file, write_csv, write_json
-from bayesavg.runtime.outputs import all_or_nothing, finish_killed
 from bayesavg.tracking.source import default_store, git_commit, source_tags
 from bayesavg.tracking.spool import is_remote
 from bayesavg.tracking.worker import Tracker, ended_status
@@ -38,7 +38,6 @@ from bayesavg.tracking.worker import Tracker, ended_status
 PARAMS = Path("params.yaml")
 PREPARED = Path("data/prepared")
 MANIFEST = PREPARED / "manifest.json"
-RUNS = Path("runs")
 CHECKPOINTS = Path("checkpoints")
 STAGES = Path(__file__).resolve().parent
 
@@ -149,10 +148,6 @@ def write_history(path: Path, history: Sequence[Mapping[str, float]]) -> None:
     write_csv(path, [{k: v for k, v in row.items() if k not in CLOCK_COLUMNS} for row in history])
 
 
-def run_file(stage: str) -> Path:
-    return RUNS / f"{stage}.json"
-
-
 _digests: dict[Path, str] = {}
 
 
@@ -167,49 +162,6 @@ def digest(path: Path) -> str:
             )
         _digests[path] = sha256_file(path)
     return _digests[path]
-
-
-class _Ledger:
-    """This process's runs, for their id files: when the last one ended, and which one
-    waits for the worker's finish."""
-
-    since = _bootstrap.STARTED  # the start of the next run's start-up
-    since_at = _bootstrap.STARTED_AT
-    last: tuple[Path, dict[str, Any]] | None = None
-    units: dict[str, str] | None = None  # in ``one_set``: its finished units' runs by name
-    killed: ClassVar[dict[str, str]] = {}  # a killed set's finished units (``one_set``)
-
-
-@contextlib.contextmanager
-def one_set(outputs: Sequence[Path], units: Sequence[str]) -> Iterator[None]:
-    """The body runs ``units``, each a tracked run, whose ``outputs`` stay all or none
-    (``all_or_nothing``): on a failure what the paths held before is back, the units'
-    runs/ ledger entries too (they then name the runs that made what is back), and the
-    runs of the units that had finished are marked rolled back in MLflow, since they
-    say FINISHED of outputs that are gone. So are those of a set killed before it ended
-    (SIGKILL: nothing was left to mark them), whose roll-back finishes here."""
-    ledger = {unit: run_file(unit) for unit in units}
-    paths = [*outputs, *ledger.values()]
-    before = {unit: _ledger_run(path) for unit, path in ledger.items()}
-    finish_killed(paths)
-    _Ledger.killed = {
-        unit: run for unit, run in before.items() if run and run != _ledger_run(ledger[unit])
-    }
-    _Ledger.units = {}
-    try:
-        with all_or_nothing(paths):
-            yield
-    finally:
-        _Ledger.units, _Ledger.killed = None, {}
-
-
-def _ledger_run(path: Path) -> str | None:
-    """The run a runs/ ledger entry names (None: no entry, or not one ``tracked`` wrote)."""
-    try:
-        run = json.loads(path.read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return run if isinstance(run, str) else None
 
 
 @contextlib.contextmanager
@@ -272,55 +224,67 @@ def tracked(
         **(tags or {}),
     }
     parent = execution()
-    with tracker.run(
-        stage,
-        experiment=p.tracking.experiment,
-        tags=run_tags,
-        inputs={str(path): digest(path) for path in inputs},
-        resume=resume,
-        start_time=int(_Ledger.since_at * 1000),
-        parent=parent,
-        close=False,
-    ) as run:
-        run.log_params({"seed": p.seed, "device": p.device, **logged})
-        if _Ledger.killed:
-            why = f"its outputs were removed when {run_tags['dvc_stage']} ran again after the "
-            why += "execution that made them was killed before the stage's other units ended"
-            run.mark_rolled_back(_Ledger.killed, why)
-            named = ", ".join(f"{unit} ({rid})" for unit, rid in _Ledger.killed.items())
-            print(f"marked MLflow run(s) of a killed set rolled back: {named}", file=sys.stderr)
-            _Ledger.killed = {}
-        if MANIFEST in inputs:
-            run.log_datasets(prepared_datasets(MANIFEST))
-        started = time.perf_counter()
-        try:
-            yield run
-        except BaseException as err:
-            rolled_back = dict(_Ledger.units or {})  # the set's units whose outputs go with it
-            if parent is not None or rolled_back:
-                said = said_of(err)
-                run.record_in_parent(
-                    stage, reused_runs(stage), ended_status(err), rolled_back, said
-                )
-            raise
-        done = time.perf_counter()
-        seconds = {"startup": started - _Ledger.since, "compute": done - started}
-        run.log_metrics({f"stage_{k}_seconds": v for k, v in seconds.items()})
-        if parent is not None:
-            run.record_in_parent(stage, reused_runs(stage), "FINISHED", {})
-    record = {
-        "run_id": run.run_id,
-        "stage": stage,
-        "dvc_stage": run_tags["dvc_stage"],
-        "experiment": p.tracking.experiment,
-        "seconds": {**seconds, "finish": 0.0},
-    }
-    path = id_file or run_file(stage)
-    write_json(path, record)
-    _Ledger.last = (path, record)
-    if _Ledger.units is not None:
-        _Ledger.units[stage] = run.run_id
-    _Ledger.since, _Ledger.since_at = time.perf_counter(), time.time()
+    with contextlib.ExitStack() as tail:
+        with tracker.run(
+            stage,
+            experiment=p.tracking.experiment,
+            tags=run_tags,
+            inputs={str(path): digest(path) for path in inputs},
+            resume=resume,
+            start_time=int(_Ledger.since_at * 1000),
+            parent=parent,
+            close=False,
+        ) as run:
+            try:
+                started = _opened(run, run_tags["dvc_stage"], p, logged, inputs)
+                yield run
+            except BaseException as err:
+                rolled_back = dict(_Ledger.units or {})  # the set's units going with it
+                if parent is not None or rolled_back:
+                    said = said_of(err)
+                    run.record_in_parent(
+                        stage, reused_runs(stage), ended_status(err), rolled_back, said
+                    )
+                if _Ledger.units:
+                    _Ledger.units.clear()  # said: ``one_set`` has nothing more to say
+                raise
+            # From here to the ledger's entry a stop waits: the run ends FINISHED with its
+            # entry and, in a set, among the units a later failure marks rolled back.
+            tail.enter_context(stops_deferred())
+            done = time.perf_counter()
+            seconds = {"startup": started - _Ledger.since, "compute": done - started}
+            run.log_metrics({f"stage_{k}_seconds": v for k, v in seconds.items()})
+            if parent is not None:
+                run.record_in_parent(stage, reused_runs(stage), "FINISHED", {})
+        record = {
+            "run_id": run.run_id,
+            "stage": stage,
+            "dvc_stage": run_tags["dvc_stage"],
+            "experiment": p.tracking.experiment,
+            "seconds": {**seconds, "finish": 0.0},
+        }
+        path = id_file or run_file(stage)
+        write_json(path, record)
+        _Ledger.last = (path, record)
+        if _Ledger.units is not None:
+            _Ledger.units[stage], _Ledger.unit_run = run.run_id, run
+        _Ledger.since, _Ledger.since_at = time.perf_counter(), time.time()
+
+
+def _opened(run: Any, dvc_stage: str, p: Params, logged: Mapping[str, Any], inputs: Any) -> float:
+    """A run's first calls: its params, a killed set's marking, its datasets; returns
+    when its body starts."""
+    run.log_params({"seed": p.seed, "device": p.device, **logged})
+    if _Ledger.killed:
+        why = f"its outputs were removed when {dvc_stage} ran again after the "
+        why += "execution that made them was killed before the stage's other units ended"
+        run.mark_rolled_back(_Ledger.killed, why)
+        named = ", ".join(f"{unit} ({rid})" for unit, rid in _Ledger.killed.items())
+        print(f"marked MLflow run(s) of a killed set rolled back: {named}", file=sys.stderr)
+        _Ledger.killed = {}
+    if MANIFEST in inputs:
+        run.log_datasets(prepared_datasets(MANIFEST))
+    return time.perf_counter()
 
 
 def _finish_tracking() -> None:
@@ -337,29 +301,6 @@ def _finish_tracking() -> None:
         record["seconds"]["finish"] = time.perf_counter() - waited
         with stops_deferred():  # a stop leaves after the write, not with half of it
             write_json(path, record)
-
-
-def reused_runs(stage: str) -> dict[str, str]:
-    """Every other stage's run as its id file records it (the run that made the outputs in
-    this workspace): what an execution reused unless it ran that stage itself.
-
-    The id files are not DVC outputs, so a ``dvc exp run --temp`` or ``--queue``
-    workspace holds only those of the stages it ran; the others are the ones its
-    baseline reused, recorded in the project's own workspace (``DVC_ROOT``).
-    """
-    found = {}
-    files = sorted(RUNS.glob("*.json"))
-    here = {f.name for f in files}
-    files += sorted(f for f in (project_root() / RUNS).glob("*.json") if f.name not in here)
-    for file in files:
-        try:
-            record = json.loads(file.read_text())
-        except (OSError, ValueError):
-            continue
-        name = record.get("stage")
-        if name and name != stage and "run_id" in record:
-            found[name] = record["run_id"]
-    return found
 
 
 def prepared_datasets(manifest: Path) -> list[dict[str, str]]:

@@ -26,11 +26,11 @@ from _common import (
     delegated,
     main,
     mark_outputs,
-    one_set,
     params,
     tracked,
     write_history,
 )
+from _sets import one_set
 
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json

@@ -25,12 +25,12 @@ from _common import (
     delegated,
     digest,
     main,
-    one_set,
     params,
     predictor_files,
     scratch,
     tracked,
 )
+from _sets import one_set
 
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_csv, write_json, write_npz

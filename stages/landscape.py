@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _common import MANIFEST, PREPARED, main, one_set, params, tracked
+from _common import MANIFEST, PREPARED, main, params, tracked
+from _sets import one_set
 
 from bayesavg.config import Params
 from bayesavg.runtime.errors import UserError

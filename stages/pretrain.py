@@ -20,11 +20,11 @@ from _common import (
     delegated,
     main,
     mark_outputs,
-    one_set,
     params,
     tracked,
     write_history,
 )
+from _sets import one_set
 
 from bayesavg.config import Params
 from bayesavg.runtime.io import sha256_file, write_json, write_text

@@ -5,7 +5,8 @@ come first. The output is the same for every valid params.yaml, so this
 stage never causes downstream re-runs by itself.
 """
 
-from _common import RUNS, main, params
+from _common import main, params
+from _sets import RUNS
 
 from bayesavg.data.shift import shifts
 from bayesavg.runtime.errors import UserError

@@ -20,7 +20,7 @@ import pytest
 from pipeline_repo import ROOT
 
 from bayesavg.runtime import outputs as outputs_module
-from bayesavg.runtime.entry import Terminated
+from bayesavg.runtime.entry import Terminated, said_of
 from bayesavg.runtime.outputs import all_or_nothing
 
 FAILURES = [RuntimeError, KeyboardInterrupt, SystemExit]
@@ -470,6 +470,11 @@ class _Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, tuple[Any, ...]]] = []
         self.opened = 0
+        self.stop_at: tuple[str, str] | None = None  # (run, op): Ctrl-C during that call
+        self.closed_with: dict[str, bytes | None] | None = None  # ``out/`` when closed
+
+    def close(self) -> None:
+        self.closed_with = tree(Path("out"))
 
     @contextlib.contextmanager
     def run(self, name: str, **kwargs: Any) -> Iterator[Any]:
@@ -482,7 +487,14 @@ class _RecordedRun:
         self.recorder, self.run_id = recorder, run_id
 
     def __getattr__(self, op: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: self.recorder.calls.append((self.run_id, op, args))
+        """A call: its positional arguments, then its keywords if any."""
+
+        def call(*args: Any, **kwargs: Any) -> None:
+            self.recorder.calls.append((self.run_id, op, (*args, *([kwargs] if kwargs else []))))
+            if (self.run_id, op) == self.recorder.stop_at:
+                signal.raise_signal(signal.SIGINT)
+
+        return call
 
 
 @pytest.mark.parametrize("in_a_set", [True, False])
@@ -495,13 +507,14 @@ def test_a_failing_unit_marks_its_set_s_finished_units_rolled_back(
     load_stage("evaluate", tmp_path, monkeypatch)
     import _bootstrap
     import _common
+    import _sets
 
     recorder = _Recorder()
     monkeypatch.setattr(_bootstrap, "tracker", recorder)
     monkeypatch.setattr(_common, "execution", lambda: None)  # a stage run by hand
     p = _common.params()
     units = ["probe@a", "probe@b", "probe@c"]
-    scope = _common.one_set([Path("out")], units) if in_a_set else contextlib.nullcontext()
+    scope = _sets.one_set([Path("out")], units) if in_a_set else contextlib.nullcontext()
     with pytest.raises(RuntimeError), scope:
         for unit in units:
             with _common.tracked(unit, p, {}):
@@ -518,7 +531,108 @@ def test_a_failing_unit_marks_its_set_s_finished_units_rolled_back(
     else:
         assert recorded == []
         assert sorted(p.name for p in Path("runs").iterdir()) == ["probe@a.json", "probe@b.json"]
-    assert _common._Ledger.units is None
+    assert _sets._Ledger.units is None
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+@pytest.mark.parametrize("after", [1, 3])
+def test_a_set_failing_between_units_marks_its_finished_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type, after: int
+) -> None:
+    """A failure or a stop outside the units' runs (after the first, or after the last
+    before the set closes) has no unit's run to say so: the last finished unit's run
+    records the DVC stage's end in the execution, not as a stage it ran, and names the
+    finished units rolled back, once. The worker is closed (it has finished logging
+    their files) before the roll-back removes those files."""
+    load_stage("evaluate", tmp_path, monkeypatch)
+    import _bootstrap
+    import _common
+    import _sets
+
+    recorder = _Recorder()
+    monkeypatch.setattr(_bootstrap, "tracker", recorder)
+    monkeypatch.setattr(_common, "execution", lambda: None)
+    monkeypatch.setenv("DVC_STAGE", "evaluate@t")
+    p = _common.params()
+    units = ["probe@a", "probe@b", "probe@c"]
+    with pytest.raises(error), _sets.one_set([Path("out")], units):
+        for unit in units[:after]:
+            with _common.tracked(unit, p, {}):
+                Path("out").mkdir(exist_ok=True)
+                Path("out", unit).write_text("new\n")
+        raise error("between units")
+    recorded = [(r, args) for r, op, args in recorder.calls if op == "record_in_parent"]
+    finished = {unit: f"run-{i + 1}" for i, unit in enumerate(units[:after])}
+    status = "KILLED" if error is KeyboardInterrupt else "FAILED"
+    said = said_of(error("between units"))
+    [(run, (stage, _, ended, rolled_back, why, keywords))] = recorded
+    assert (run, stage, ended, why) == (f"run-{after}", "evaluate@t", status, said)
+    assert rolled_back == finished and keywords == {"between_units": True}
+    assert recorder.closed_with == {u: b"new\n" for u in units[:after]}, "closed, then rolled back"
+    assert _bootstrap.tracker is None
+    assert not Path("out").exists() and not Path("runs").exists()
+    assert _sets._Ledger.units is None and _sets._Ledger.unit_run is None
+
+
+def test_a_failing_unit_is_recorded_once_not_again_by_its_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit's own failure is its run's to record (``tracked``); the set adds nothing."""
+    load_stage("evaluate", tmp_path, monkeypatch)
+    import _bootstrap
+    import _common
+    import _sets
+
+    recorder = _Recorder()
+    monkeypatch.setattr(_bootstrap, "tracker", recorder)
+    monkeypatch.setattr(_common, "execution", lambda: None)
+    p = _common.params()
+    with pytest.raises(RuntimeError), _sets.one_set([Path("out")], ["probe@a", "probe@b"]):
+        with _common.tracked("probe@a", p, {}):
+            Path("out").mkdir()
+        with _common.tracked("probe@b", p, {}):
+            raise RuntimeError("unit failed")
+    recorded = [args for _, op, args in recorder.calls if op == "record_in_parent"]
+    [(stage, _, status, rolled_back, why)] = recorded  # no keywords: not between units
+    assert (stage, status, rolled_back) == ("probe@b", "FAILED", {"probe@a": "run-1"})
+    assert why == "RuntimeError: unit failed"
+
+
+@pytest.mark.parametrize("op", ["log_metrics", "record_in_parent"])
+def test_a_stop_as_a_unit_s_run_ends_waits_for_its_ledger_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    """Ctrl-C while a finished unit's run is being ended: the run ends FINISHED, its ledger
+    entry is written, and the stop then counts it among the units rolled back (it did
+    not: the unit's run said FINISHED of removed outputs, unmarked)."""
+    load_stage("evaluate", tmp_path, monkeypatch)
+    import _bootstrap
+    import _common
+    import _sets
+
+    recorder = _Recorder()
+    recorder.stop_at = ("run-2", op)
+    monkeypatch.setattr(_bootstrap, "tracker", recorder)
+    monkeypatch.setattr(_common, "execution", lambda: {"key": "k", "name": "dvc repro"})
+    monkeypatch.setenv("DVC_STAGE", "evaluate@t")
+    p = _common.params()
+    units = ["probe@a", "probe@b", "probe@c"]
+    reached = []
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in ``run_entry``
+    try:
+        with pytest.raises(KeyboardInterrupt), _sets.one_set([Path("out")], units):
+            for unit in units:
+                with _common.tracked(unit, p, {}):
+                    Path("out").mkdir(exist_ok=True)
+                    Path("out", unit).write_text("new\n")
+                reached.append(unit)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert reached == ["probe@a"]  # the stop acted once probe@b's tracked block had ended
+    last = [args for _, op_, args in recorder.calls if op_ == "record_in_parent"][-1]
+    assert last[0] == "evaluate@t" and last[2] == "KILLED"
+    assert last[3] == {"probe@a": "run-1", "probe@b": "run-2"}
+    assert not Path("out").exists() and not Path("runs").exists()
 
 
 def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
@@ -531,6 +645,7 @@ def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
     load_stage("evaluate", tmp_path, monkeypatch)
     import _bootstrap
     import _common
+    import _sets
 
     recorder = _Recorder()
     monkeypatch.setattr(_bootstrap, "tracker", recorder)
@@ -559,7 +674,7 @@ def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
 
     def one_set() -> list[tuple[str, tuple[Any, ...]]]:
         recorder.calls.clear()
-        with _common.one_set([Path("out")], units):
+        with _sets.one_set([Path("out")], units):
             for unit in units:
                 with _common.tracked(unit, p, {}):
                     Path("out").mkdir(exist_ok=True)
@@ -576,7 +691,7 @@ def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
     assert why.startswith("its outputs were removed when probe@a ran again after the execution")
     assert [json.loads(e.read_text())["run_id"] for e in ledger] == ["run-1", "run-2", "run-3"]
     assert one_set() == []  # nothing killed before this one
-    assert not list(Path().rglob(".*.old")) and _common._Ledger.killed == {}
+    assert not list(Path().rglob(".*.old")) and _sets._Ledger.killed == {}
 
 
 def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
@@ -627,8 +742,49 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     assert "Rolled back: evaluate@map, evaluate@swa (finished, but their outputs" in note
     # what went wrong first, before the reused stages' list the UI folds away
     assert note.index("Did not finish") < note.index("Rolled back") < note.index("Reused")
-    assert "when a later unit of their stage did not finish" in note
+    assert "when their stage did not finish" in note
     summary = json.loads(parent_run.data.tags[PIPELINE_TAG])
     assert summary["rolled_back"] == ["evaluate@map", "evaluate@swa"]
     assert summary["failed"] == {"evaluate@swag": "FAILED"}
     assert summary["why"] == {"evaluate@swag": said}
+
+
+def test_a_stage_failing_between_units_is_recorded_as_itself(tmp_path: Path) -> None:
+    """Recorded from its last finished unit's run: the execution names the DVC stage among
+    those that did not finish (not among those it ran: no run of its own), with why, and
+    the finished units as rolled back, each tagged with its stage's end."""
+    from mlflow.tracking import MlflowClient
+
+    from bayesavg.tracking.mlflow_run import PIPELINE_TAG, ROLLED_BACK_TAG
+    from bayesavg.tracking.store import open_run
+
+    uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    parent = {"key": "host:1:2:", "name": "dvc repro now"}
+    done, run = {}, None
+    for name in ("probe@a", "probe@b"):
+        run = open_run(
+            name, tracking_uri=uri, artifact_location=artifacts, experiment="e", parent=parent
+        )
+        run.record_in_parent(name, {}, "FINISHED")
+        run.terminate()
+        done[name] = run.run_id
+    assert run is not None
+    said = "interrupted by Ctrl-C (SIGINT): stopped"
+    run.record_in_parent("landscape", {}, "KILLED", done, said, between_units=True)
+    client = MlflowClient(tracking_uri=uri)
+    for run_id in done.values():
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert client.get_run(run_id).data.tags[ROLLED_BACK_TAG] == (
+            "its outputs were removed when its stage, landscape, ended KILLED: "
+            "the stage writes all or none"
+        )
+    parent_run = client.get_run(client.get_run(run.run_id).data.tags["mlflow.parentRunId"])
+    assert parent_run.info.status == "KILLED"
+    summary = json.loads(parent_run.data.tags[PIPELINE_TAG])
+    assert summary["ran"] == done
+    assert summary["failed"] == {"landscape": "KILLED"} and summary["why"] == {"landscape": said}
+    assert summary["rolled_back"] == ["probe@a", "probe@b"]
+    note = parent_run.data.tags["mlflow.note.content"]
+    assert note.startswith(
+        f"Ran 2 stage(s): probe@a, probe@b. Did not finish: landscape (KILLED: {said})."
+    )

@@ -15,8 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from bayesavg.tracking import forks
 from bayesavg.tracking.mlflow_run import FAILURE_TAG, NOTE_TAG, ROLLED_BACK_TAG, Run
+from bayesavg.tracking.remote_run import RemoteRun
 from bayesavg.tracking.store import RESUMED_TAG
-from bayesavg.tracking.worker import DIED, RemoteRun, Tracker, TrackingError
+from bayesavg.tracking.worker import DIED, Tracker, TrackingError
 
 
 @pytest.fixture(autouse=True, params=["spawned", "forked"])
@@ -151,6 +152,27 @@ def test_a_run_marks_others_rolled_back_through_the_worker(
     assert tags[ROLLED_BACK_TAG] == why
     assert tags["mlflow.note.content"] == f"Rolled back: {why}."
     assert ROLLED_BACK_TAG not in _run(mlflow_store, second.run_id).data.tags
+
+
+def test_a_stage_failing_after_its_units_is_recorded_through_the_last_one_s_run(
+    mlflow_store: tuple[str, str],
+) -> None:
+    """A set's failure outside its units' runs (``_sets.one_set``) goes through its last
+    finished unit's run, ended already: the worker still carries it out."""
+    tracker = Tracker.spawn(*mlflow_store)
+    with tracker.run("probe@a", experiment="e", tags={}, inputs={}, close=False) as first:
+        pass
+    with tracker.run("probe@b", experiment="e", tags={}, inputs={}, close=False) as second:
+        pass
+    units = {"probe@a": first.run_id, "probe@b": second.run_id}
+    second.record_in_parent("landscape", {}, "KILLED", units, "stopped", between_units=True)
+    tracker.close()
+    for run_id in units.values():
+        got = _run(mlflow_store, run_id)
+        assert got.info.status == "FINISHED"
+        assert got.data.tags[ROLLED_BACK_TAG].startswith(
+            "its outputs were removed when its stage, landscape, ended KILLED"
+        )
 
 
 def test_the_worker_s_run_takes_what_the_stage_s_run_sends() -> None:

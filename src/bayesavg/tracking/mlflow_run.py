@@ -28,7 +28,7 @@ STORED_TAG = "bayesavg.stored."
 # Why another process ended a run it found orphaned (``orphans``); dropped if the run's
 # own end arrives after all (a spool replayed once the tracking server answers again).
 ENDED_TAG = "bayesavg.ended"
-# On a unit's FINISHED run whose outputs a later unit's failure removed (a stage that
+# On a unit's FINISHED run whose outputs its stage's later failure removed (a stage that
 # writes its units all or none): why they are gone.
 ROLLED_BACK_TAG = "bayesavg.rolled_back"
 NOTE_TAG = "mlflow.note.content"  # a run's description in the UI
@@ -252,6 +252,7 @@ class Run:
         status: str,
         rolled_back: Mapping[str, str] | None = None,
         why: str | None = None,
+        between_units: bool = False,
     ) -> None:
         """Tell this run's parent (its pipeline execution) that ``stage`` ran here with
         ``status`` (``why``: the line a stage that did not finish ended with), which stages
@@ -260,6 +261,7 @@ class Run:
         first other status a stage ended with.
         ``rolled_back``: units (name -> run) whose outputs went with this failed one's;
         each run is tagged ``ROLLED_BACK_TAG``, with or without a parent.
+        ``between_units``: ``stage``, this unit's DVC stage, failed outside its units' runs.
 
         Stages of one execution may run side by side (``scripts/repro.py``): this
         read-modify-write of the parent's summary holds the parent's lock, so each
@@ -267,12 +269,15 @@ class Run:
         """
         if rolled_back:
             gone = f"its outputs were removed when {stage}, of the same stage, ended {status}"
+            if between_units:
+                gone = f"its outputs were removed when its stage, {stage}, ended {status}"
             self.mark_rolled_back(rolled_back, gone)
         parent = self._client.get_run(self.run_id).data.tags.get(PARENT_TAG)
         if parent is None:
             return
         with serialized(self.tracking_uri or "", parent):
-            self._record(parent, stage, reused, status, list(rolled_back or ()), why)
+            ran = {} if between_units else {stage: self.run_id}
+            self._record(parent, stage, ran, reused, status, list(rolled_back or ()), why)
 
     def mark_rolled_back(self, runs: Mapping[str, str], why: str) -> None:
         """Tag each of ``runs`` (unit -> run), FINISHED of outputs that are gone,
@@ -293,6 +298,7 @@ class Run:
         self,
         parent: str,
         stage: str,
+        here: Mapping[str, str],
         reused: Mapping[str, str] | None,
         status: str,
         rolled_back: list[str],
@@ -302,7 +308,7 @@ class Run:
         import json
 
         found = json.loads(self._client.get_run(parent).data.tags.get(PIPELINE_TAG, "{}"))
-        ran = {**found.get("ran", {}), stage: self.run_id}
+        ran = {**found.get("ran", {}), **here}
         if reused is None:
             reused = found.get("reused", {})
         failed = {**found.get("failed", {})}
@@ -324,7 +330,7 @@ class Run:
         if rolled:
             note.append(
                 f"Rolled back: {', '.join(rolled)} (finished, but their outputs were "
-                "removed when a later unit of their stage did not finish)."
+                "removed when their stage did not finish)."
             )
         if kept:
             note.append(

@@ -8,6 +8,7 @@ stage never causes downstream re-runs by itself.
 from _common import main, params
 from _sets import RUNS
 
+from bayesavg.data.ood_data import check_ood_spec
 from bayesavg.data.shift import shifts
 from bayesavg.runtime.errors import UserError
 from bayesavg.runtime.io import write_json
@@ -30,6 +31,11 @@ def run() -> None:
         )
     except ValueError as err:
         raise UserError(f"params.yaml: evaluate.shift: {err}") from None
+    for spec in p.evaluate.ood.sets:  # the evaluate stages would fail on it, after training
+        try:
+            check_ood_spec(spec)
+        except UserError as err:
+            raise UserError(f"params.yaml: evaluate.ood.sets: {err}") from None
     write_json(RUNS / "validate.json", {"params": "valid"})
 
 

@@ -368,6 +368,33 @@ def test_a_bad_key_stops_the_validate_stage_with_exit_code_2(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("nosuchset", "unknown data spec 'nosuchset'"),
+        ("imagefolder:{tmp}/absent", "imagefolder: {tmp}/absent is not a directory"),
+    ],
+)
+def test_an_ood_set_no_stage_could_read_stops_the_validate_stage(
+    default_raw: dict[str, Any], tmp_path: Path, spec: str, said: str
+) -> None:
+    """The evaluate stages would fail on it only after every training stage had run."""
+    spec, said = spec.format(tmp=tmp_path), said.format(tmp=tmp_path)
+    sets = ["animal_mnist", spec]
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(_with(default_raw, evaluate__ood__sets=sets))
+    )
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "stages" / "validate.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: params.yaml: evaluate.ood.sets: OOD set {spec}: {said}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
 def test_an_unreadable_params_file_says_why(tmp_path: Path) -> None:
     """The OS's reason, not only that it failed: a missing file reads differently from a
     folder or a permission problem."""

@@ -211,7 +211,30 @@ def test_load_source_offline_says_what_was_tried_and_where_to_put_it(
     assert tried, "the downloader should have tried the network"
     assert any(url in message for url in tried), (tried, message)
     assert str(raw) in message and "by hand" in message
-    assert "mnist5k" in message
+    assert "dataset: mnist5k" in message and "--data mnist5k" in message
+    assert not tmp_path.joinpath("raw").exists(), "the folders the download made are removed"
+
+
+def test_a_failed_download_keeps_the_folders_that_were_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only what the download made goes: a folder the user made (to place files in)
+    stays, and so does one holding a file."""
+    monkeypatch.setattr(urllib.request, "urlopen", _offline)
+    raw = tmp_path / "raw"
+    (raw / "MNIST").mkdir(parents=True)
+    (raw / "notes.txt").write_text("mine\n")
+    with pytest.raises(UserError):
+        load_source("mnist", raw)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "raw",
+        "raw/MNIST",
+        "raw/notes.txt",
+    ]
+
+
+def _offline(*args: Any, **kwargs: Any) -> Any:
+    raise urllib.error.URLError("offline")
 
 
 def _idx(array: np.ndarray) -> bytes:
@@ -272,6 +295,38 @@ def test_imagefolder_labels_come_from_folder_numbers(
         value = int(image[0, 0, 0])
         assert (image == value).all()
         assert value // 10 == label, f"image of folder {value // 10} labelled {label}"
+
+
+@pytest.mark.parametrize("channels", [None, 1, 3])
+def test_a_16_bit_greyscale_image_is_scaled_not_clipped(
+    tmp_path: Path, channels: int | None
+) -> None:
+    """A 16-bit PNG (PIL's "I;16") keeps its picture: round(v / 257) in 0..255, grey
+    in every channel asked for (PIL's own convert("L") clips it, nearly all white)."""
+    values = np.arange(0, 65536, 257 * 5, dtype=np.uint16)[:49].reshape(7, 7)
+    values[0, 0], values[0, 1] = 65535, 128  # round(128 / 257) = 0
+    (tmp_path / "0").mkdir()
+    Image.fromarray(values).save(tmp_path / "0" / "a.png")
+    with Image.open(tmp_path / "0" / "a.png") as img:
+        assert img.mode in ("I;16", "I")
+    split, _ = load_imagefolder(tmp_path, channels=channels)
+    expected = torch.from_numpy(np.rint(values / 257.0).astype(np.uint8))
+    assert split.x.shape[1] == (channels or 1)
+    for channel in split.x[0]:
+        assert torch.equal(channel, expected)
+    assert expected[0, 0] == 255 and expected[0, 1] == 0
+
+
+def test_hidden_folders_of_an_imagefolder_are_no_classes(
+    imagefolder_factory: ImageFolderFactory,
+) -> None:
+    """A notebook's .ipynb_checkpoints beside the class folders is left alone."""
+    root = imagefolder_factory(num_classes=2, per_class=2, mode="L")
+    hidden = root / ".ipynb_checkpoints"
+    hidden.mkdir()
+    Image.new("L", (4, 4)).save(hidden / "x.png")
+    split, num_classes = load_imagefolder(root)
+    assert (num_classes, len(split)) == (2, 4)
 
 
 def test_imagefolder_defaults_to_the_first_image(imagefolder: Path) -> None:

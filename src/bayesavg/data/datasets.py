@@ -9,6 +9,7 @@ train/val/test files, in memory or memory-mapped, is ``prepared``'s job.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
 from collections.abc import Sequence
@@ -157,6 +158,9 @@ def _torchvision_split(dataset: Any) -> Split:
 def _torchvision(name: str, raw_dir: Path) -> Source:
     cls, num_classes = torchvision_dataset(name)
     _drop_cut_idx(cls, raw_dir)
+    # the folders a download makes first (MNIST's kind: <raw>/<Class>/raw), and up from <raw>
+    folders = [raw_dir / cls.__name__ / "raw", raw_dir / cls.__name__, raw_dir, *raw_dir.parents]
+    existed = {folder for folder in folders if folder.is_dir()}
     splits = []
     for train in (True, False):
         try:
@@ -166,9 +170,13 @@ def _torchvision(name: str, raw_dir: Path) -> Source:
             # torchvision's reason may span lines ("Error downloading X:" then the cause)
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             reason = " ".join(lines)[:300] if lines else type(err).__name__
+            for folder in (f for f in folders if f not in existed):  # deepest first
+                with contextlib.suppress(OSError):  # not empty: a file was placed there
+                    folder.rmdir()
             raise UserError(
                 f"could not download {name} ({reason}); {_download_hint(cls, raw_dir)}, "
-                "or use dataset: mnist5k, which needs no network"
+                "or use mnist5k, which needs no network (params.yaml's dataset: mnist5k, "
+                "bayesavg evaluate's --data mnist5k)"
             ) from None
         splits.append(_torchvision_split(ds))
     return Source(splits[0], splits[1], num_classes)
@@ -199,7 +207,7 @@ class ImageFolder:
         try:
             with Image.open(path) as img:
                 img.load()
-                img = img.convert("L" if self.channels == 1 else "RGB")
+                img = _eight_bit(img).convert("L" if self.channels == 1 else "RGB")
                 if self.fit is not None:
                     return _fitted(np.asarray(img, dtype=np.uint8), self.fit)
                 size = self.shape[1:]
@@ -209,6 +217,20 @@ class ImageFolder:
         except (UnidentifiedImageError, OSError) as err:
             raise UserError(f"imagefolder: cannot read image {path}: {err}") from None
         return arr.reshape(size[0], size[1], -1).transpose(2, 0, 1)
+
+
+def check_spec(spec: str) -> None:
+    """A dataset spec's one-line error, without reading any data: an unknown name, or an
+    image folder that is not there (params are checked before any work)."""
+    if spec.startswith("imagefolder:"):
+        root = Path(spec.removeprefix("imagefolder:"))
+        if not root.is_dir():
+            raise UserError(f"imagefolder: {root} is not a directory")
+    elif spec not in ("mnist5k", *TORCHVISION):
+        raise UserError(
+            f"unknown data spec {spec!r}; use mnist5k, mnist, fashion_mnist, "
+            "cifar10, cifar100, svhn or imagefolder:<DIR>"
+        )
 
 
 def list_imagefolder(
@@ -227,7 +249,9 @@ def list_imagefolder(
     root = Path(directory)
     if not root.is_dir():
         raise UserError(f"imagefolder: {root} is not a directory")
-    names = sorted((p.name for p in root.iterdir() if p.is_dir()), key=_label_of_folder)
+    # hidden folders (a notebook's .ipynb_checkpoints, a tool's .cache) are no classes
+    found = (p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = sorted(found, key=_label_of_folder)
     if not names:
         raise UserError(f"imagefolder: {root} has no class sub-folders named 0..C-1")
     labels = [_label_of_folder(n) for n in names]
@@ -246,7 +270,7 @@ def list_imagefolder(
     try:
         with Image.open(first) as img:
             if channels is None:
-                channels = 1 if img.mode in ("1", "L", "I", "I;16", "F") else 3
+                channels = 1 if img.mode in ("1", "L", "F", *_WIDE_GREY) else 3
             if size is None:
                 size = (img.height, img.width)
     except (UnidentifiedImageError, OSError) as err:
@@ -272,6 +296,19 @@ def load_imagefolder(
     folder = list_imagefolder(directory, channels, size, fit)
     x = torch.from_numpy(folder.read(range(len(folder.paths))))
     return Split(x, folder.y), folder.num_classes
+
+
+# PIL's modes of 16-bit greyscale (a 16-bit PNG is "I;16", or "I" in older Pillow)
+_WIDE_GREY = ("I", "I;16", "I;16B", "I;16L", "I;16N")
+
+
+def _eight_bit(img: Image.Image) -> Image.Image:
+    """16-bit greyscale scaled to 0..255 (round(v / 257)); PIL's ``convert("L")`` clips it
+    instead, which turns nearly every pixel of a 16-bit image white."""
+    if img.mode not in _WIDE_GREY:
+        return img
+    wide = np.asarray(img, dtype=np.float64)
+    return Image.fromarray(np.rint(wide / 257.0).clip(0, 255).astype(np.uint8))
 
 
 def _fitted(arr: np.ndarray, fit: tuple[int, int]) -> np.ndarray:

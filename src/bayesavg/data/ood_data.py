@@ -22,7 +22,7 @@ import torch
 
 from ..runtime.errors import UserError
 from ..runtime.io import sha256_file
-from .datasets import Split
+from .datasets import Split, check_spec
 
 ANIMAL_MNIST_VERSION = "0.4"
 # sha256 of the gzipped pickles in animal-mnist==0.4 (they match the wheel's RECORD).
@@ -137,3 +137,16 @@ def load_ood(name: str) -> Split:
     if name not in OOD_SETS:
         raise UserError(f"unknown OOD set {name!r}; choose one of {', '.join(OOD_SETS)}")
     return OOD_SETS[name]()
+
+
+def check_ood_spec(spec: str) -> None:
+    """An OOD set's one-line error (``extra_sets.ood_images`` gives the same), without
+    reading any image: a name neither packaged nor a dataset spec, a folder not there."""
+    if spec in OOD_SETS:
+        return
+    try:
+        check_spec(spec)
+    except UserError as err:
+        raise UserError(
+            f"OOD set {spec}: {err} (or a packaged OOD set: {', '.join(OOD_SETS)})"
+        ) from None

@@ -21,7 +21,14 @@ import torch
 from ..runtime.errors import UserError
 from ..runtime.io import atomic_path, save_torch, sha256_file, write_json
 from ..seeding import derive_seed, generator
-from .datasets import TORCHVISION, Source, Split, list_imagefolder, load_imagefolder, load_source
+from .datasets import (
+    Source,
+    Split,
+    check_spec,
+    list_imagefolder,
+    load_imagefolder,
+    load_source,
+)
 from .storage import SHARE, channel_stats_streamed, choose, host_memory, read_array, write_array
 
 SPLITS = ("train", "val", "test")
@@ -375,16 +382,12 @@ def load_eval_split(
     ``input_shape`` as the data stage did (``data.image_size``).
     """
     fit = None if resize_size is None else (resize_size, input_shape[-1])
+    check_spec(spec)
     if spec.startswith("imagefolder:"):
         data, _ = load_imagefolder(
             spec.removeprefix("imagefolder:"), input_shape[0], tuple(input_shape[1:]), fit
         )
         return data
-    if spec not in ("mnist5k", *TORCHVISION):
-        raise UserError(
-            f"unknown data spec {spec!r}; use mnist5k, mnist, fashion_mnist, "
-            "cifar10, cifar100, svhn or imagefolder:<DIR>"
-        )
     source = load_source(spec, raw_dir, fit)
     train, val, test = split_source(source, seed, test_fraction, val_fraction)
     data = {"train": train, "val": val}.get(split, test)

@@ -4,7 +4,9 @@ Everything takes log-probabilities: the BMA is accumulated in log space
 (logsumexp of per-sample log-softmax), which is the average of
 probabilities computed without underflow, so NLL is never clamped.
 ECE is computed from the reliability bins, which torchmetrics does not
-expose; a test checks the two agree.
+expose; a test checks the two agree. They differ only for a confidence exactly on a
+bin edge k/B: here it counts in the bin below, ((k-1)/B, k/B] as in Guo et al. (2017),
+in torchmetrics in the one above (``tests/test_metrics.py`` shows both).
 """
 
 from __future__ import annotations

@@ -282,13 +282,13 @@ def load_posterior(path: str | Path) -> PosteriorFile:
     except Exception as err:  # torch's unpickler raises many types on corrupt bytes
         raise UserError(
             f"cannot read posterior file {path} ({type(err).__name__}): not a file written by "
-            "bayesavg, or corrupt; re-create it with the finetune stage"
+            "bayesavg, or corrupt; re-create it with the stage or command that wrote it"
         ) from None
     damage = torch_damage(path)  # after loading: a file torch cannot read says so first
     if damage is not None:
         raise UserError(
             f"posterior file {path} is damaged ({damage}): its bytes are not those saved; "
-            "re-create it with the finetune stage"
+            "re-create it with the stage or command that wrote it"
         )
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise UserError(f"{path} is not a bayesavg posterior file (expected format {FORMAT})")

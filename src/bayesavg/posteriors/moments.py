@@ -86,7 +86,9 @@ class MomentCollector:
 
     @property
     def deviations(self) -> torch.Tensor:
-        """(k, d) deviations, oldest first."""
+        """(k, d) deviations, oldest first: to read, not to edit (until more than
+        ``max_rank`` are collected it is the collector's own storage, not a copy, which
+        would double the memory of a large rank-k posterior)."""
         k = self.rank
         if self.n_collected <= self.max_rank or self.max_rank == 0:
             return self._ring[:k]

@@ -16,7 +16,8 @@ import pytest
 from pipeline_repo import PYTHON, env
 
 from bayesavg.runtime import errors, launch
-from bayesavg.runtime.entry import EXIT_INTERRUPTED, EXIT_TERMINATED
+from bayesavg.runtime.entry import EXIT_INTERRUPTED, EXIT_TERMINATED, RANK_ERRORS_ENV
+from bayesavg.runtime.errors import UserError
 
 JOB_DEADLINE = 60.0  # seconds for one torchrun job
 
@@ -243,3 +244,28 @@ def test_a_rank_started_by_hand_says_its_stop_itself(
         "interrupted by SIGTERM: stopped; run it again (pretrain and fine-tuning "
         "stages resume from their last checkpoint)"
     ]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_rank_ignores_stops_once_its_part_is_over(
+    fails: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchrun sends SIGTERM to the other ranks when one fails: a rank already on its way
+    out (its part done or failed) must not raise it inside its exit's clean-up, which
+    Python reports as "Exception ignored in atexit callback" with a traceback."""
+    monkeypatch.delenv(RANK_ERRORS_ENV, raising=False)
+    before = {stop: signal.getsignal(stop) for stop in (signal.SIGINT, signal.SIGTERM)}
+
+    def part() -> None:
+        if fails:
+            raise UserError("shard 7 is empty")
+
+    try:
+        code = launch.rank_entry(part)
+        after = {stop: signal.getsignal(stop) for stop in before}
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
+    assert code == (2 if fails else 0)
+    assert after == {signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_IGN}
+    assert capsys.readouterr().err == ("error: shard 7 is empty\n" if fails else "")

@@ -139,6 +139,7 @@ def rank_entry(fn: Callable[[], None]) -> int:
     try:
         fn()
     except BaseException as err:
+        _part_over()
         stopped = isinstance(err, KeyboardInterrupt)
         said = said_of(err) if stopped else as_user_error(err)
         user = said is not None
@@ -161,4 +162,15 @@ def rank_entry(fn: Callable[[], None]) -> int:
         if stopped:
             return exit_code(err)
         return 2 if user else 1
+    _part_over()
     return 0
+
+
+def _part_over() -> None:
+    """From here a stop is ignored: the rank's part is over, and torchrun's SIGTERM to the
+    job's other ranks when one failed (or a late second Ctrl-C) would only cut its exit
+    short with a traceback ("Exception ignored in atexit callback ... Terminated"). Rank 0
+    of a finished stage then waits for its tracking worker as one process does
+    (``leave_on_stop``)."""
+    for signum in STOPS:
+        signal.signal(signum, signal.SIG_IGN)

@@ -271,7 +271,9 @@ def tracked(
         _Ledger.since, _Ledger.since_at = time.perf_counter(), time.time()
 
 
-def _opened(run: Any, dvc_stage: str, p: Params, logged: Mapping[str, Any], inputs: Any) -> float:
+def _opened(
+    run: Any, dvc_stage: str, p: Params, logged: Mapping[str, Any], inputs: Sequence[Path]
+) -> float:
     """A run's first calls: its params, a killed set's marking, its datasets; returns
     when its body starts."""
     run.log_params({"seed": p.seed, "device": p.device, **logged})

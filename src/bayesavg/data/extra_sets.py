@@ -16,7 +16,7 @@ import torch
 from ..runtime.errors import UserError
 from ..seeding import derive_seed, generator
 from .datasets import Split
-from .ood_data import OOD_SETS, load_ood
+from .ood_data import OOD_SETS, load_ood, ood_set_error
 from .prepared import load_eval_split
 from .shift import Shift
 
@@ -123,8 +123,7 @@ def ood_images(
         try:
             images = load_eval_split(spec, raw_dir, tuple(input_shape), "test", *fractions)  # type: ignore[arg-type]
         except UserError as err:
-            packaged = ", ".join(OOD_SETS)
-            raise UserError(f"OOD set {spec}: {err} (or a packaged OOD set: {packaged})") from None
+            raise ood_set_error(spec, err) from None
     if tuple(images.x.shape[1:]) != tuple(input_shape):
         raise UserError(
             f"OOD set {spec}: images of shape {tuple(images.x.shape[1:])}, the network takes "

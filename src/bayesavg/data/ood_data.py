@@ -147,6 +147,9 @@ def check_ood_spec(spec: str) -> None:
     try:
         check_spec(spec)
     except UserError as err:
-        raise UserError(
-            f"OOD set {spec}: {err} (or a packaged OOD set: {', '.join(OOD_SETS)})"
-        ) from None
+        raise ood_set_error(spec, err) from None
+
+
+def ood_set_error(spec: str, err: UserError) -> UserError:
+    """A dataset spec's error as an OOD set's: which set, and the packaged ones besides."""
+    return UserError(f"OOD set {spec}: {err} (or a packaged OOD set: {', '.join(OOD_SETS)})")

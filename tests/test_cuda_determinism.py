@@ -23,6 +23,7 @@ from cuda_determinism import REFUSED, Recorder, documented_entries
 from torch import nn
 
 from bayesavg.models.external import torchvision_builders
+from bayesavg.runtime.torch_version import older
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 # The networks, shared with gpu-check's ``networks`` part (the same steps on a GPU).
@@ -58,7 +59,7 @@ def test_every_refused_operation_of_torch_is_mapped() -> None:
     """torch's list and ours name the same entries: a new torch's additions fail here."""
     documented = set(documented_entries())
     assert len(documented) > 15
-    if torch.__version__ < "2.14":
+    if older(torch.__version__, "2.14"):
         documented -= _LISTED_BEFORE_2_14
     assert documented == set(REFUSED)
 

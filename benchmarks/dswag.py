@@ -66,7 +66,7 @@ def job(args: argparse.Namespace) -> None:
     torch.set_num_threads(numerics.threads())  # the data's statistics too: same on every count
     p = load_params(ROOT / "params.yaml")
     traj = p.finetune["dswag"]
-    if args.clients > 100:  # the memory run: many clients, one step each, one round
+    if args.clients:  # the memory runs (both client counts): one step each, one round
         phase1 = traj.phase1.model_copy(update={"rounds": 1})
         phase2 = traj.phase2.model_copy(update={"epochs": 1, "snapshots_per_client": 1})
         update = {"clients": args.clients, "phase1": phase1, "phase2": phase2, "batch_size": 8}

@@ -130,15 +130,19 @@ def _step_ms(family: str, batch: int, threads: int, steps: int) -> float:
     return sorted(seconds[1:])[steps // 2] * 1000
 
 
-def bench_data_parallel(quick: bool) -> dict[str, Any]:
-    """(e): one process's step against half a step at one thread plus the all-reduce."""
+def bench_data_parallel(rounds: int, quick: bool) -> dict[str, Any]:
+    """(e): one process's step against half a step at one thread plus the all-reduce; the
+    two steps alternated over ``rounds`` (rotated order), each a median of ``steps``."""
     import socket
+    import statistics
 
     import torch
     import torch.multiprocessing as mp
+    from timing import median_range, rotation, warn_if_oversubscribed
 
     from bayesavg.models import build_model
 
+    warn_if_oversubscribed("(e): 1 process x 2 threads, and 2 ranks x 1 thread", 2)
     families = ["lenet5", "preresnet20"] + ([] if quick else ["preresnet164", "vgg16"])
     sizes = {}
     for family in families:
@@ -151,17 +155,23 @@ def bench_data_parallel(quick: bool) -> dict[str, Any]:
     mp.spawn(_allreduce_rank, (sizes, port, 5 if quick else 20, found), nprocs=2)
     threads = torch.get_num_threads()
     steps = 3 if quick else 10
+    shapes = {"one": (32, 2), "half": (16, 1)}  # (batch, threads)
     out = {}
     for family in families:
-        one = _step_ms(family, 32, 2, steps)
-        half = _step_ms(family, 16, 1, steps)
+        ms: dict[str, list[float]] = {"one": [], "half": []}
+        for r in range(rounds):
+            for which in rotation(list(shapes), r):
+                ms[which].append(_step_ms(family, *shapes[which], steps))
         reduce_ms = found[family] * 1000
+        ratios = [(h + reduce_ms) / o for h, o in zip(ms["half"], ms["one"], strict=True)]
+        ratio, low, high = median_range(ratios)
         out[family] = {
             "parameters": sizes[family],
-            "step_ms_1_process_2_threads": round(one, 2),
-            "step_ms_half_batch_1_thread": round(half, 2),
+            "step_ms_1_process_2_threads": round(statistics.median(ms["one"]), 2),
+            "step_ms_half_batch_1_thread": round(statistics.median(ms["half"]), 2),
             "allreduce_ms_2_processes": round(reduce_ms, 2),
-            "two_over_one": round((half + reduce_ms) / one, 3),
+            "two_over_one": round(ratio, 3),
+            "two_over_one_range": [round(low, 3), round(high, 3)],
         }
     torch.set_num_threads(threads)
     return out

@@ -242,10 +242,14 @@ def main() -> None:
         torch.set_num_threads(numerics.threads())
         print(json.dumps(child(args.quick, args.workers, args.eval_batch)))
         return
-    from timing import finish, machine_info, write_results
+    from timing import finish, machine_info, warn_if_oversubscribed, write_results
 
     started = time.perf_counter()
     import torch
+
+    threads = numerics.threads()  # the child's, beside the reference's loader workers
+    what = f"{threads} thread(s) + {args.workers} loader worker(s)"
+    warn_if_oversubscribed(what, threads + args.workers)
 
     results: dict[str, Any] = {"machine": machine_info(torch.device("cpu"), False)}
     results["mode"] = "quick" if args.quick else "full"

@@ -46,6 +46,7 @@ from timing import (
     machine_info,
     median_range,
     per_round_ratios,
+    warn_if_oversubscribed,
     write_results,
 )
 
@@ -331,6 +332,8 @@ def main() -> None:
     torch.set_num_threads(1)  # (3) runs here; the main process is idle during (1) and (2)
     started = time.perf_counter()
     machine = machine_info(torch.device("cpu"), True)
+    for procs, threads in GROUPS.values():
+        warn_if_oversubscribed(f"{procs} process(es) x {threads} thread(s)", procs * threads)
     with tempfile.TemporaryDirectory() as tmp:
         groups = {g: Group(*pt, Path(tmp), s.cifar_images) for g, pt in GROUPS.items()}
         try:

@@ -142,12 +142,15 @@ def machine_info(device: torch.device, threads_from_flag: bool) -> dict[str, Any
     """What the numbers were measured on; ``load_average_end`` is added by ``finish``."""
     import torch
 
+    from bayesavg.runtime.numerics import usable_cores
+
     info: dict[str, Any] = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "threads_from_flag": threads_from_flag,
         "device": str(device),
         "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_average_start": load_average(),
@@ -155,6 +158,22 @@ def machine_info(device: torch.device, threads_from_flag: bool) -> dict[str, Any
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def warn_if_oversubscribed(what: str, threads_in_all: int) -> bool:
+    """``make bench``'s warning where a configuration runs more threads than this process
+    may use cores: its times then measure the contention, not the code."""
+    from bayesavg.runtime.numerics import usable_cores
+
+    have = usable_cores()
+    if threads_in_all <= have:
+        return False
+    print(
+        f"warning: {what}: {threads_in_all} threads on {have} usable cores: oversubscribed, "
+        "its times measure the contention",
+        flush=True,
+    )
+    return True
 
 
 def busy(machine: Mapping[str, Any]) -> bool:

@@ -21,23 +21,27 @@ theta against one slice per tensor, and what monitoring costs per epoch.
     in child processes (the pins are read when torch loads), alternated.
 (e) When data parallelism pays on the CPU: a step of batch 32 on one process (2
     threads) against a rank's step of half of it (1 thread) plus the all-reduce of
-    the gradient (gloo, 2 processes on this machine), per model family.
+    the gradient (gloo, 2 processes on this machine), per model family; the two steps
+    alternated over the rounds, the ratio per round.
 
 Side by side in one process, rounds in rotated order (``timing.py``); nothing asserted.
-Run ``python benchmarks/loop.py [--quick]`` (about 20 minutes on 2 cores, 2 quick); results
-go to ``benchmarks/loop.json``.
+Run ``python benchmarks/loop.py [--quick] [--only SECTION ...]`` (about 20 minutes on 2
+cores, 2 quick); results go to ``benchmarks/loop.json`` (``--only``: that section replaced,
+the rest kept, with the rerun's machine and date under ``reruns``).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
+SECTIONS = ("compile", "vi_step", "monitoring", "pins", "data_parallel")
 EPOCH_IMAGES = {"lenet5": 3600, "preresnet20": 1024}
 
 
@@ -254,14 +258,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run")
     parser.add_argument("--out", type=Path, default=HERE / "loop.json")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        help="rerun this section alone (repeatable), keeping the others already in --out",
+    )
     parser.add_argument("--pins-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
     from loop_processes import bench_data_parallel, bench_pins, pins_child
 
     if args.pins_child:
-        import json
-
         torch.set_num_threads(numerics.threads())
         print(json.dumps(pins_child(args.quick)))
         return
@@ -270,40 +278,55 @@ def main() -> None:
     torch.set_num_threads(numerics.threads())
     rounds = 2 if args.quick else 5
     started = time.perf_counter()
-    results: dict[str, Any] = {"machine": machine_info(torch.device("cpu"), False)}
-    results["mode"] = "quick" if args.quick else "full"
-    results["compile"] = {m: bench_compile(m, rounds, args.quick) for m in EPOCH_IMAGES}
-    results["vi_step"] = {m: bench_vi(m, rounds, args.quick) for m in EPOCH_IMAGES}
-    results["monitoring"] = bench_monitoring(rounds, args.quick)
-    results["pins"] = bench_pins(rounds, args.quick)
-    results["data_parallel"] = bench_data_parallel(args.quick)
+    sections: dict[str, Callable[[], Any]] = {
+        "compile": lambda: {m: bench_compile(m, rounds, args.quick) for m in EPOCH_IMAGES},
+        "vi_step": lambda: {m: bench_vi(m, rounds, args.quick) for m in EPOCH_IMAGES},
+        "monitoring": lambda: bench_monitoring(rounds, args.quick),
+        "pins": lambda: bench_pins(rounds, args.quick),
+        "data_parallel": lambda: bench_data_parallel(rounds, args.quick),
+    }
+    machine = machine_info(torch.device("cpu"), False)
+    mode = "quick" if args.quick else "full"
+    if args.only:
+        results = json.loads(args.out.read_text()) if args.out.exists() else {}
+        for name in args.only:  # the section's own machine and time, beside the run's
+            results[name] = sections[name]()
+            results.setdefault("reruns", {})[name] = {
+                "machine": machine,
+                "mode": mode,
+                "date": time.strftime("%Y-%m-%d"),
+            }
+    else:
+        results = {"machine": machine, "mode": mode}
+        results.update({name: run() for name, run in sections.items()})
     wall = finish(results, started)
     write_results(args.out, results)
-    print(f"\ntraining loop on the CPU ({results['mode']}, {wall:.0f} s):")
-    for m, r in results["compile"].items():
+    print(f"\ntraining loop on the CPU ({mode}, {wall:.0f} s):")
+    for m, r in results.get("compile", {}).items():
         print(
             f"  compile {m}: eager/compiled {r['eager_over_compiled']} "
             f"{r['eager_over_compiled_range']}, compilation {r['compile_seconds']} s"
         )
-    for m, r in results["vi_step"].items():
+    for m, r in results.get("vi_step", {}).items():
         print(
             f"  VI step {m}: slices/split {r['slices_over_split']} {r['slices_over_split_range']}"
         )
-    mon = results["monitoring"]
-    print(
-        f"  monitoring per epoch (PreResNet-20): every 1 on all "
-        f"{mon['share_of_epoch_every_1_all']:.1%}, the CIFAR presets' (every "
-        f"{mon['preset']['every']} on {mon['preset']['fraction']:.0%}) "
-        f"{mon['share_of_epoch_preset']:.1%} (goal < 5%)"
-    )
-    for family, r in results["pins"].items():
+    if mon := results.get("monitoring"):
+        print(
+            f"  monitoring per epoch (PreResNet-20): every 1 on all "
+            f"{mon['share_of_epoch_every_1_all']:.1%}, the CIFAR presets' (every "
+            f"{mon['preset']['every']} on {mon['preset']['fraction']:.0%}) "
+            f"{mon['share_of_epoch_preset']:.1%} (goal < 5%)"
+        )
+    for family, r in results.get("pins", {}).items():
         print(
             f"  pins {family}: training step {r['train_ms_portable_over_native']}x, "
             f"forward {r['forward_ms_portable_over_native']}x (portable over native)"
         )
-    for family, r in results["data_parallel"].items():
+    for family, r in results.get("data_parallel", {}).items():
         print(
-            f"  data parallel {family}: 2 processes / 1 = {r['two_over_one']} (step "
+            f"  data parallel {family}: 2 processes / 1 = {r['two_over_one']} "
+            f"{r.get('two_over_one_range', '')} (step "
             f"{r['step_ms_1_process_2_threads']} ms; half step {r['step_ms_half_batch_1_thread']}"
             f" ms + all-reduce {r['allreduce_ms_2_processes']} ms)"
         )

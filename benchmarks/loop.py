@@ -289,17 +289,15 @@ def main() -> None:
     mode = "quick" if args.quick else "full"
     if args.only:
         results = json.loads(args.out.read_text()) if args.out.exists() else {}
-        for name in args.only:  # the section's own machine and time, beside the run's
-            results[name] = sections[name]()
-            results.setdefault("reruns", {})[name] = {
-                "machine": machine,
-                "mode": mode,
-                "date": time.strftime("%Y-%m-%d"),
-            }
+        ran = {name: sections[name]() for name in args.only}
+        stamp = {"machine": machine, "mode": mode, "date": time.strftime("%Y-%m-%d")}
+        wall = finish(stamp, started)  # the rerun's own load and time, beside the first run's
+        results.update(ran)
+        results.setdefault("reruns", {}).update({name: stamp for name in ran})
     else:
         results = {"machine": machine, "mode": mode}
         results.update({name: run() for name, run in sections.items()})
-    wall = finish(results, started)
+        wall = finish(results, started)
     write_results(args.out, results)
     print(f"\ntraining loop on the CPU ({mode}, {wall:.0f} s):")
     for m, r in results.get("compile", {}).items():

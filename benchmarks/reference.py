@@ -19,14 +19,16 @@ BatchNorm recomputed over the training images.
   the training loader (training transforms, not shuffled), softmax of the test loader's
   batches (128) summed on the host.
 
-Both variants run side by side in one child process per numerics mode (the pins are
-read when torch loads): ``portable`` (this project's default, AVX2) and ``native``. So
-each ratio compares the two codes on the same kernels; ``pinned_ours_over_native_
-reference`` is what a user sees who keeps the default pins. The projected protocol is
+Both variants run side by side in a child process per numerics mode (the pins are
+read when torch loads): ``portable`` (this project's default, AVX2) and ``native``, a
+child of each per round (``--rounds``, default 3), the modes alternated. So each ratio
+compares the two codes on the same kernels; ``pinned_ours_over_native_reference``
+(what a user sees who keeps the default pins) is taken per round, across the round's
+two children. The projected protocol is
 20 epochs plus 30 samples at the measured rates. Goal: ours at least as fast (ratio
 reference seconds / ours seconds >= 1). Nothing is asserted.
 
-Run ``python benchmarks/reference.py [--quick]`` after ``make bench-install`` (about 14
+Run ``python benchmarks/reference.py [--quick]`` after ``make bench-install`` (about 16
 minutes on 2 cores, 1 quick); results go to ``benchmarks/reference.json``.
 """
 
@@ -141,14 +143,15 @@ def _our_evaluation(x: Any, y: Any, tx: Any, ty: Any, batch: int) -> Any:
     return run
 
 
-def child(quick: bool, workers: int, eval_batch: int) -> dict[str, Any]:
-    """Both codes side by side under this process's numerics: seconds per epoch, per
-    sample, their ratios per round."""
+def child(quick: bool, workers: int, eval_batch: int, first_round: int) -> dict[str, Any]:
+    """Both codes side by side under this process's numerics, one round (numbered
+    ``first_round``, for the rotation) after a warm-up: seconds per epoch, per sample."""
     import dataclasses
 
     import torch
     from gpu_check_parts import Size, cifar_shaped, rotation
-    from gpu_check_throughput import _ours, _reference, reference_package
+    from gpu_check_reference import _reference, reference_package
+    from gpu_check_throughput import _ours
 
     from bayesavg.training.precision import Precision
 
@@ -176,16 +179,25 @@ def child(quick: bool, workers: int, eval_batch: int) -> dict[str, Any]:
         "epoch": {name: [] for name in training},
         "sample": {name: [] for name in training},
     }
-    for r in range(1 if quick else 3):
-        for name in rotation(list(training), r):
-            started = time.perf_counter()
-            training[name]()
-            seconds["epoch"][name].append(time.perf_counter() - started)
-        for name in rotation(list(training), r + 1):
-            started = time.perf_counter()
-            evaluation[name](samples)
-            seconds["sample"][name].append((time.perf_counter() - started) / samples)
+    for name in rotation(list(training), first_round):
+        started = time.perf_counter()
+        training[name]()
+        seconds["epoch"][name].append(time.perf_counter() - started)
+    for name in rotation(list(training), first_round + 1):
+        started = time.perf_counter()
+        evaluation[name](samples)
+        seconds["sample"][name].append((time.perf_counter() - started) / samples)
     return {"train_images": train_n, "test_images": test_n, "seconds": seconds}
+
+
+def _merge(found: dict[str, dict[str, Any]], mode: str, run: dict[str, Any]) -> None:
+    """A child's round appended to its mode's seconds."""
+    if mode not in found:
+        found[mode] = run
+        return
+    for kind, per_code in run["seconds"].items():
+        for code, values in per_code.items():
+            found[mode]["seconds"][kind][code].extend(values)
 
 
 def _median_ratio(ours: list[float], reference: list[float]) -> list[float]:
@@ -214,11 +226,16 @@ def summarise(found: dict[str, Any]) -> dict[str, Any]:
             "protocol_reference_over_ours": round(protocol["reference"] / protocol["ours"], 3),
             "raw": run,
         }
-    if set(MODES) <= set(out):
-        ours = out["portable"]["protocol_seconds"]["ours"]
-        ref = out["native"]["protocol_seconds"]["reference"]
-        out["pinned_ours_over_native_reference"] = round(ref / ours, 3)
+    if set(MODES) <= set(out):  # per round: the two children of a round ran one after the other
+        ours = _protocol_per_round(found["portable"]["seconds"], "ours")
+        ref = _protocol_per_round(found["native"]["seconds"], "reference")
+        out["pinned_ours_over_native_reference"] = _median_ratio(ours, ref)
     return out
+
+
+def _protocol_per_round(seconds: dict[str, dict[str, list[float]]], code: str) -> list[float]:
+    epochs, samples = seconds["epoch"][code], seconds["sample"][code]
+    return [EPOCHS * e + SAMPLES * s for e, s in zip(epochs, samples, strict=True)]
 
 
 def main() -> None:
@@ -231,7 +248,9 @@ def main() -> None:
         "--eval-batch", type=int, default=BATCH, help="our evaluation's batch (default 128)"
     )
     parser.add_argument("--out", type=Path, default=HERE / "reference.json")
+    parser.add_argument("--rounds", type=int, default=3, help="child pairs, modes alternated")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     from bayesavg.runtime import numerics
 
@@ -240,9 +259,9 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(numerics.threads())
-        print(json.dumps(child(args.quick, args.workers, args.eval_batch)))
+        print(json.dumps(child(args.quick, args.workers, args.eval_batch, args.round)))
         return
-    from timing import finish, machine_info, warn_if_oversubscribed, write_results
+    from timing import finish, machine_info, rotation, warn_if_oversubscribed, write_results
 
     started = time.perf_counter()
     import torch
@@ -264,16 +283,17 @@ def main() -> None:
         "reference_loader_workers": args.workers,
         "our_eval_batch": args.eval_batch,
     }
-    found = {}
-    for mode in MODES:
-        env = dict(os.environ, BAYESAVG_NUMERICS=mode)
-        for var in numerics.ISA_PINS:
-            env.pop(var, None)  # this process's own pins; the child sets its mode's
-        argv = [sys.executable, __file__, "--child", "--workers", str(args.workers)]
-        argv += ["--eval-batch", str(args.eval_batch)]
-        argv += ["--quick"] * args.quick
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
-        found[mode] = json.loads(done.stdout.splitlines()[-1])
+    found: dict[str, dict[str, Any]] = {}
+    for r in range(1 if args.quick else args.rounds):
+        for mode in rotation(list(MODES), r):  # a child per mode and round, alternated
+            env = dict(os.environ, BAYESAVG_NUMERICS=mode)
+            for var in numerics.ISA_PINS:
+                env.pop(var, None)  # this process's own pins; the child sets its mode's
+            argv = [sys.executable, __file__, "--child", "--workers", str(args.workers)]
+            argv += ["--eval-batch", str(args.eval_batch), "--round", str(r)]
+            argv += ["--quick"] * args.quick
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+            _merge(found, mode, json.loads(done.stdout.splitlines()[-1]))
     results.update(summarise(found))
     wall = finish(results, started)
     write_results(args.out, results)
@@ -292,7 +312,7 @@ def main() -> None:
             f"{r['protocol_reference_over_ours']} (goal >= 1)"
         )
     print(
-        "  default pins (ours) against the reference unpinned: "
+        "  default pins (ours) against the reference unpinned, median [min, max] over rounds: "
         f"{results['pinned_ours_over_native_reference']}"
     )
     print(f"wrote {args.out}")

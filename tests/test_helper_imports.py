@@ -1,0 +1,103 @@
+"""Every ``from M import name`` between the project's script folders names something M has.
+
+The benchmarks, the GPU check and the stages import one another's helpers by name, often
+inside functions, and most of them never run in the default suite (a benchmark takes
+minutes, the GPU check needs a GPU): when a helper moved to another module, `make bench`
+broke without a test noticing (`benchmarks/reference.py` imported `reference_package` from
+`gpu_check_throughput` after it had moved to `gpu_check_reference`). This reads every such
+import, at any depth, and checks the name against what the module defines or imports at
+its top level.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("benchmarks", "scripts", "stages")
+# where a script's bare imports resolve: its own folder first (Python puts it first on
+# sys.path), then the folders the scripts add
+SEARCH = ("scripts", "tests", "stages", "benchmarks")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Names bound at a module's top level, in if/try/with blocks too, not in functions."""
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(node, field, None) or [])
+            for handler in getattr(node, "handlers", None) or []:
+                visit(handler.body)
+
+    visit(ast.parse(path.read_text()).body)
+    return names
+
+
+def _resolve(module: str, importer: Path) -> Path | None:
+    for folder in (importer.parent, *(ROOT / d for d in SEARCH)):
+        candidate = folder / f"{module}.py"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports() -> list[tuple[Path, int, Path, str]]:
+    """(importer, line, module file, name) for every import of a sibling script's name."""
+    found = []
+    for folder in SOURCES:
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                    continue
+                target = _resolve(node.module, path)
+                if target is not None:
+                    found += [(path, node.lineno, target, a.name) for a in node.names]
+    return found
+
+
+def test_there_are_such_imports_to_check() -> None:
+    pairs = {(p.name, t.name) for p, _, t, _ in _imports()}
+    assert ("reference.py", "gpu_check_reference.py") in pairs
+    assert ("outage.py", "pipeline_repo.py") in pairs
+    assert ("landscape.py", "_common.py") in pairs
+
+
+@pytest.mark.parametrize(
+    "importer, line, target, name",
+    _imports(),
+    ids=lambda v: v.name if isinstance(v, Path) else str(v),
+)
+def test_an_imported_name_exists_where_it_is_imported_from(
+    importer: Path, line: int, target: Path, name: str
+) -> None:
+    assert name in _top_level_names(target), (
+        f"{importer.relative_to(ROOT)}:{line} imports {name!r} from "
+        f"{target.relative_to(ROOT)}, which has no such name"
+    )
+
+
+def test_the_check_sees_a_moved_name(tmp_path: Path) -> None:
+    """The check itself: a name that lives elsewhere, or only inside a function, is absent."""
+    module = tmp_path / "helpers.py"
+    module.write_text(
+        "import os\nfrom x import y as z\nA = 1\nif A:\n    B = 2\n"
+        "try:\n    C = 3\nexcept ImportError:\n    D = 4\n"
+        "def f():\n    hidden = 1\nclass K:\n    attr = 2\n"
+    )
+    names = _top_level_names(module)
+    assert {"os", "z", "A", "B", "C", "D", "f", "K"} <= names
+    assert not {"y", "hidden", "attr"} & names

@@ -1,12 +1,13 @@
-"""Every ``from M import name`` between the project's script folders names something M has.
+"""Every ``from M import name`` in the project's script folders names something M has.
 
-The benchmarks, the GPU check and the stages import one another's helpers by name, often
-inside functions, and most of them never run in the default suite (a benchmark takes
-minutes, the GPU check needs a GPU): when a helper moved to another module, `make bench`
-broke without a test noticing (`benchmarks/reference.py` imported `reference_package` from
-`gpu_check_throughput` after it had moved to `gpu_check_reference`). This reads every such
-import, at any depth, and checks the name against what the module defines or imports at
-its top level.
+The benchmarks, the GPU check and the stages import one another's helpers and the
+package's names, often inside functions, and most of them never run in the default
+suite (a benchmark takes minutes, the GPU check needs a GPU): when a helper moved to
+another module, `make bench` broke without a test noticing (`benchmarks/reference.py`
+imported `reference_package` from `gpu_check_throughput` after it had moved to
+`gpu_check_reference`). This reads every such import, at any depth, and checks the name
+against what the module defines or imports at its top level (or, for a package, its
+submodules).
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def _top_level_names(path: Path) -> set[str]:
 
 
 def _resolve(module: str, importer: Path) -> Path | None:
+    """The file ``module`` names: a sibling script's, or one of the package's own."""
+    if module.split(".")[0] == "bayesavg":
+        base = ROOT / "src" / Path(*module.split("."))
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
     for folder in (importer.parent, *(ROOT / d for d in SEARCH)):
         candidate = folder / f"{module}.py"
         if candidate.is_file():
@@ -55,39 +63,58 @@ def _resolve(module: str, importer: Path) -> Path | None:
     return None
 
 
-def _imports() -> list[tuple[Path, int, Path, str]]:
-    """(importer, line, module file, name) for every import of a sibling script's name."""
+def _imports(importer: Path) -> list[tuple[int, Path, str]]:
+    """(line, module file, name) for every import of a sibling script's or the package's
+    name in ``importer``, at any depth."""
     found = []
-    for folder in SOURCES:
-        for path in sorted((ROOT / folder).glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
-                    continue
-                target = _resolve(node.module, path)
-                if target is not None:
-                    found += [(path, node.lineno, target, a.name) for a in node.names]
+    for node in ast.walk(ast.parse(importer.read_text())):
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        target = _resolve(node.module, importer)
+        if target is not None:
+            found += [(node.lineno, target, a.name) for a in node.names]
     return found
 
 
+def _has(target: Path, name: str) -> bool:
+    """``name`` is bound at ``target``'s top level, or is a submodule of its package."""
+    if name in _names_of(target):
+        return True
+    package = target.parent if target.name == "__init__.py" else None
+    return package is not None and (
+        (package / f"{name}.py").is_file() or (package / name / "__init__.py").is_file()
+    )
+
+
+_CACHE: dict[Path, set[str]] = {}
+
+
+def _names_of(path: Path) -> set[str]:
+    if path not in _CACHE:
+        _CACHE[path] = _top_level_names(path)
+    return _CACHE[path]
+
+
+IMPORTERS = sorted(p for folder in SOURCES for p in (ROOT / folder).glob("*.py"))
+
+
 def test_there_are_such_imports_to_check() -> None:
-    pairs = {(p.name, t.name) for p, _, t, _ in _imports()}
+    pairs = {(p.name, t.name) for p in IMPORTERS for _, t, _ in _imports(p)}
     assert ("reference.py", "gpu_check_reference.py") in pairs
     assert ("outage.py", "pipeline_repo.py") in pairs
     assert ("landscape.py", "_common.py") in pairs
+    assert ("reference.py", "precision.py") in pairs  # bayesavg.training.precision
 
 
-@pytest.mark.parametrize(
-    "importer, line, target, name",
-    _imports(),
-    ids=lambda v: v.name if isinstance(v, Path) else str(v),
-)
-def test_an_imported_name_exists_where_it_is_imported_from(
-    importer: Path, line: int, target: Path, name: str
-) -> None:
-    assert name in _top_level_names(target), (
+@pytest.mark.parametrize("importer", IMPORTERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_imported_name_exists_where_it_is_imported_from(importer: Path) -> None:
+    missing = [
         f"{importer.relative_to(ROOT)}:{line} imports {name!r} from "
         f"{target.relative_to(ROOT)}, which has no such name"
-    )
+        for line, target, name in _imports(importer)
+        if not _has(target, name)
+    ]
+    assert not missing, "\n".join(missing)
 
 
 def test_the_check_sees_a_moved_name(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@
     bytes). Memory O(W d) would add ~900 model sizes per copy kept; the
     design keeps O(d (K + clients in flight)), so ~0.
 
-Run ``python benchmarks/dswag.py [--repeats 3]``; results go to
+Run ``python benchmarks/dswag.py [--repeats 3] [--out FILE]``; results go to
 ``benchmarks/dswag.json``. Nothing is asserted; targets are printed.
 """
 
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--memory-clients", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=OUT, help="results JSON path")
     parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -234,7 +235,7 @@ def main() -> None:
         },
         "cpu_count": os.cpu_count(),
     }
-    write_results(OUT, results)
+    write_results(args.out, results)
     print(
         f"DSWAG (the default trajectory): 2 processes vs 1 (default threads: "
         f"{results['threads']['2']} per rank, {results['threads']['1']} on 1 process): "

@@ -143,9 +143,9 @@ def _our_evaluation(x: Any, y: Any, tx: Any, ty: Any, batch: int) -> Any:
     return run
 
 
-def child(quick: bool, workers: int, eval_batch: int, first_round: int) -> dict[str, Any]:
-    """Both codes side by side under this process's numerics, one round (numbered
-    ``first_round``, for the rotation) after a warm-up: seconds per epoch, per sample."""
+def child(quick: bool, workers: int, eval_batch: int, round_index: int) -> dict[str, Any]:
+    """Both codes side by side under this process's numerics, one round after a warm-up
+    (``round_index`` rotates which code goes first): seconds per epoch, per sample."""
     import dataclasses
 
     import torch
@@ -179,11 +179,11 @@ def child(quick: bool, workers: int, eval_batch: int, first_round: int) -> dict[
         "epoch": {name: [] for name in training},
         "sample": {name: [] for name in training},
     }
-    for name in rotation(list(training), first_round):
+    for name in rotation(list(training), round_index):
         started = time.perf_counter()
         training[name]()
         seconds["epoch"][name].append(time.perf_counter() - started)
-    for name in rotation(list(training), first_round + 1):
+    for name in rotation(list(training), round_index + 1):
         started = time.perf_counter()
         evaluation[name](samples)
         seconds["sample"][name].append((time.perf_counter() - started) / samples)

@@ -160,20 +160,18 @@ def machine_info(device: torch.device, threads_from_flag: bool) -> dict[str, Any
     return info
 
 
-def warn_if_oversubscribed(what: str, threads_in_all: int) -> bool:
+def warn_if_oversubscribed(what: str, threads_in_all: int) -> None:
     """``make bench``'s warning where a configuration runs more threads than this process
     may use cores: its times then measure the contention, not the code."""
     from bayesavg.runtime.numerics import usable_cores
 
     have = usable_cores()
-    if threads_in_all <= have:
-        return False
-    print(
-        f"warning: {what}: {threads_in_all} threads on {have} usable cores: oversubscribed, "
-        "its times measure the contention",
-        flush=True,
-    )
-    return True
+    if threads_in_all > have:
+        print(
+            f"warning: {what}: {threads_in_all} threads on {have} usable cores: "
+            "oversubscribed, its times measure the contention",
+            flush=True,
+        )
 
 
 def busy(machine: Mapping[str, Any]) -> bool:

@@ -13,6 +13,7 @@ submodules).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ SOURCES = ("benchmarks", "scripts", "stages")
 SEARCH = ("scripts", "tests", "stages", "benchmarks")
 
 
-def _top_level_names(path: Path) -> set[str]:
+@functools.cache
+def _top_level_names(path: Path) -> frozenset[str]:
     """Names bound at a module's top level, in if/try/with blocks too, not in functions."""
     names: set[str] = set()
 
@@ -45,7 +47,7 @@ def _top_level_names(path: Path) -> set[str]:
                 visit(handler.body)
 
     visit(ast.parse(path.read_text()).body)
-    return names
+    return frozenset(names)
 
 
 def _resolve(module: str, importer: Path) -> Path | None:
@@ -78,21 +80,12 @@ def _imports(importer: Path) -> list[tuple[int, Path, str]]:
 
 def _has(target: Path, name: str) -> bool:
     """``name`` is bound at ``target``'s top level, or is a submodule of its package."""
-    if name in _names_of(target):
+    if name in _top_level_names(target):
         return True
     package = target.parent if target.name == "__init__.py" else None
     return package is not None and (
         (package / f"{name}.py").is_file() or (package / name / "__init__.py").is_file()
     )
-
-
-_CACHE: dict[Path, set[str]] = {}
-
-
-def _names_of(path: Path) -> set[str]:
-    if path not in _CACHE:
-        _CACHE[path] = _top_level_names(path)
-    return _CACHE[path]
 
 
 IMPORTERS = sorted(p for folder in SOURCES for p in (ROOT / folder).glob("*.py"))

@@ -169,6 +169,7 @@ def _point(
                 seed=derive_seed(p.seed, "dswag_sweep", w, key),
                 device=device,
                 name=f"{key} (W={w})",
+                curves=(),
             )["test"].metrics
             metrics[key] = {k: found[k] for k in ("accuracy", "nll", "ece", "brier")}
         distance = sigma_distance(

@@ -150,6 +150,7 @@ def predict(
             # An ensemble's calibrated NLL by members: what every predictor's deep-ensemble
             # equivalent is read against (the report's calibration section).
             calibrate=("val", "test") if pred.method == "ensemble" and "test" in splits else None,
+            curves=("test",) if "test" in splits else (),  # the only curve written
         )
 
     if pred.temperature is not None and name not in TEMPERATURES:

@@ -126,3 +126,31 @@ def test_bf16_on_cpu_is_finite_and_close_to_fp32() -> None:
     assert (bf16.log_probs - fp32.log_probs).abs().max() < 0.1
     assert abs(bf16.metrics["nll"] - fp32.metrics["nll"]) < 0.02
     assert abs(bf16.metrics["accuracy"] - fp32.metrics["accuracy"]) <= 3 / 70
+
+
+def test_a_split_without_its_curve_keeps_its_bytes_and_gets_the_last_row() -> None:
+    """``curves`` skips the per-sample metrics of the other splits: every result is the
+    bytes of the full run, and their table is the full table's row s = S."""
+    full = plain(run_case("swag_bn"))
+    some = plain(run_case("swag_bn", curves=("test",)))
+    assert [row["samples"] for row in full["val"]["by_samples"]] == [1, 2, 3, 4, 5]
+    assert some["val"]["by_samples"] == full["val"]["by_samples"][-1:]
+    some["val"]["by_samples"] = full["val"]["by_samples"]
+    _assert_same(some, full, "curves")
+    none = plain(run_case("swag_bn", curves=()))
+    assert none["test"]["by_samples"] == full["test"]["by_samples"][-1:]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"curves": ("tset",)}, r"curves \['tset'\] are not among the splits"),
+        (
+            {"curves": ("test",), "calibrate": ("test", "val")},
+            r"calibrate's target 'val' needs its curve",
+        ),
+    ],
+)
+def test_curves_name_splits_that_exist(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        run_case("swag_bn", **extra)

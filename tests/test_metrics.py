@@ -13,6 +13,7 @@ from bayesavg.evaluation.metrics import (
     brier,
     classification_metrics,
     ece,
+    entropy,
     nll,
     reliability,
 )
@@ -163,6 +164,18 @@ def test_classification_metrics_keys_and_values() -> None:
     assert out["entropy"].item() == pytest.approx(expected_entropy, rel=1e-9)
     certain = torch.log(torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64))
     assert classification_metrics(certain, torch.tensor([0]))["entropy"].item() == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_classification_metrics_are_the_bytes_of_each_metric_alone(seed: int) -> None:
+    """The per-sample table shares the probabilities between ECE, ECE-15 and Brier; each
+    value is still the one its own function gives, bit for bit."""
+    log_probs, y = _random_case(seed)
+    out = classification_metrics(log_probs, y, ece_bins=20)
+    assert torch.equal(out["ece"], ece(log_probs, y, 20))
+    assert torch.equal(out["ece15"], ece(log_probs, y, 15))
+    assert torch.equal(out["brier"], brier(log_probs, y))
+    assert torch.equal(out["entropy"], entropy(log_probs))
 
 
 def test_nll_stays_finite_when_probabilities_underflow_float32() -> None:

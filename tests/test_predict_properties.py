@@ -86,6 +86,20 @@ def test_isolated_rng_draws_from_the_seed_and_restores_the_outside_stream() -> N
     assert torch.equal(torch.rand(3), outside)
 
 
+def test_isolated_rng_on_the_cpu_seeds_no_gpu_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the streams it restores: ``torch.manual_seed`` would reseed every GPU for good
+    (and, CUDA not initialised, queue a lazy seed with a stack trace each call)."""
+
+    def refused(*args: object) -> None:
+        raise AssertionError("a GPU stream was seeded")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", refused)
+    monkeypatch.setattr(torch.cuda, "manual_seed", refused)
+    with isolated_rng(5):
+        inside = torch.rand(3)
+    assert torch.equal(inside, torch.rand(3, generator=torch.Generator().manual_seed(5)))
+
+
 def test_an_rng_state_round_trips() -> None:
     state = rng_state(CPU)
     first = torch.rand(3)

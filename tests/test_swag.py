@@ -185,6 +185,33 @@ def test_same_seed_same_sample_and_different_seed_different_sample() -> None:
     assert not torch.allclose(first, other)
 
 
+@pytest.mark.parametrize(("n", "diag_only"), [(4, False), (9, False), (9, True)])
+def test_a_sampler_draws_by_the_formula_in_turn(n: int, diag_only: bool) -> None:
+    """Draw i of ``sampler`` is the formula with the i-th z1 (and z2) of the generator: the
+    mean, sqrt(var) and deviations read once serve every draw, the rows oldest first after
+    the ring wrapped (n > max_rank)."""
+    swag = _collected(_snapshots(n, 12, seed=5), max_rank=5)
+    draw = swag.sampler(0.5, diag_only=diag_only, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)
+    k = swag.rank
+    for _ in range(3):
+        noise = swag.variance().double().sqrt() * torch.randn(12, generator=g).double()
+        if not diag_only:
+            z2 = torch.randn(k, generator=g).double()
+            noise += swag.deviations.double().T @ z2 / math.sqrt(k - 1)
+        want = swag.mean.double() + math.sqrt(0.5) * noise
+        torch.testing.assert_close(draw().double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_sampler_draws_from_the_posterior_as_it_was_when_made() -> None:
+    snaps = _snapshots(9, 12, seed=6)
+    swag, twin = _collected(snaps[:7], max_rank=5), _collected(snaps[:7], max_rank=5)
+    draw = swag.sampler(generator=torch.Generator().manual_seed(1))
+    swag.collect(snaps[7])
+    swag.collect(snaps[8])
+    assert torch.equal(draw(), twin.sample(generator=torch.Generator().manual_seed(1)))
+
+
 def test_noise_scales_with_sqrt_scale() -> None:
     """Same seed, same z: (theta - mean) / sqrt(scale) does not depend on scale."""
     swag = _collected(_snapshots(7, 10, seed=4), max_rank=5)

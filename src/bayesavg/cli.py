@@ -276,6 +276,7 @@ def _evaluate(args: argparse.Namespace) -> None:
             device=device,
             ood=scored,
             temperature=t,
+            curves=(),
         )
 
     temperature = None if isinstance(requested, str) else requested

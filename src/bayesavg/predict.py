@@ -111,6 +111,7 @@ class Predictor:
             ood_reference="input",
             point_scores=True,
             temperature=c.temperature,
+            curves=(),
         )["input"]
         scores = found.ood_scores["input"]
         probs = found.log_probs.exp()

@@ -145,10 +145,16 @@ def isolated_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None
     """Run with torch's global stream (CPU and ``device``) seeded, then restore it.
 
     For randomness torch draws only from the global stream (dropout masks),
-    without disturbing whoever seeded it outside.
+    without disturbing whoever seeded it outside. Exactly the streams it restores are
+    seeded: ``torch.manual_seed`` would also reseed every other GPU for good, and on a
+    machine whose CUDA is not initialised it queues a lazy seed with a formatted stack
+    trace each call (0.15 ms, once per evaluated sample).
     """
     device = torch.device(device)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=device.type):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            index = torch.cuda.current_device() if device.index is None else device.index
+            torch.cuda.default_generators[index].manual_seed(seed)
         yield

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -170,6 +170,7 @@ def evaluate(
     precision: Precision | None = None,
     temperature: float | None = None,
     calibrate: tuple[str, str] | None = None,
+    curves: Collection[str] | None = None,
 ) -> dict[str, Evaluation]:
     """Bayesian model average over ``n_samples`` weight samples of ``method``.
 
@@ -201,6 +202,11 @@ def evaluate(
     degenerate): an ensemble's calibrated NLL by members, which the deep-ensemble
     equivalent reads (Ashukha et al. 2020).
 
+    ``curves``: the splits whose ``by_samples`` has a row for each s = 1..S (the report's
+    curves over S; None: all). The others get the row s = S alone, the final metrics,
+    skipping per-sample metrics nobody reads (a stage reads 1 of its 22 splits'). The
+    calibrate target needs its curve.
+
     Randomness torch draws from its global stream (dropout masks: MC dropout,
     or a BN update of a network with dropout) comes from a stream of its own
     per sample, seeded by (``seed``, s), so that any rank can compute sample s
@@ -227,6 +233,11 @@ def evaluate(
     if needs_bn and bn_x is None:
         raise UserError(f"predictor {name} on a BatchNorm model needs training data for BN")
     names = list(splits)
+    curved = set(names if curves is None else curves)
+    if not curved <= set(names):
+        raise ValueError(f"curves {sorted(curved - set(names))} are not among the splits")
+    if calibrate is not None and calibrate[1] not in curved:
+        raise ValueError(f"calibrate's target {calibrate[1]!r} needs its curve (curves)")
     ood = dict(ood or {})
     if (ood or point_scores) and ood_reference not in splits:
         raise ValueError(f"ood_reference {ood_reference!r} is not one of the splits")
@@ -237,7 +248,8 @@ def evaluate(
     scorers = {key: OODAccumulator() for key in [ood_reference, *ood]} if scored else {}
     ys = [splits[n][1].to(device) for n in names]
     log_sum: torch.Tensor | None = None
-    per_s: dict[str, list[dict[str, torch.Tensor]]] = {n: [] for n in names}
+    # per split, (s, metrics of the average of the first s networks)
+    per_s: dict[str, list[tuple[int, dict[str, torch.Tensor]]]] = {n: [] for n in names}
     network = _in_order(sampled)
 
     def predict(s: int) -> torch.Tensor:
@@ -273,11 +285,12 @@ def evaluate(
         log_sum = logp.clone() if log_sum is None else torch.logaddexp(log_sum, logp)
         bmas = dict(zip(names, (log_sum - math.log(s)).split(sizes), strict=True))
         for split, y in zip(names, ys, strict=True):
-            per_s[split].append(classification_metrics(bmas[split], y, ece_bins))
+            if split in curved:
+                per_s[split].append((s, classification_metrics(bmas[split], y, ece_bins)))
         if calibrate is not None:
             fit, target = calibrate
             labels = dict(zip(names, ys, strict=True))
-            per_s[target][-1]["nll_calibrated"] = calibrated_nll(
+            per_s[target][-1][1]["nll_calibrated"] = calibrated_nll(
                 bmas[fit], labels[fit], bmas[target], labels[target]
             )
         progress.update()
@@ -294,6 +307,9 @@ def evaluate(
             "gives NaN or infinite outputs); check the posterior file and the scale"
         )
     bmas = (log_sum - math.log(total)).split(sizes)
+    for split, bma, y in zip(names, bmas, ys, strict=True):
+        if split not in curved:  # the bytes its row s = S would have held
+            per_s[split].append((total, classification_metrics(bma, y, ece_bins)))
     results = {
         split: _summarise(per_s[split], bma, y, total, ece_bins)
         for split, bma, y in zip(names, bmas, ys, strict=True)
@@ -315,17 +331,18 @@ def evaluate(
 
 
 def _summarise(
-    per_s: list[dict[str, torch.Tensor]],
+    per_s: list[tuple[int, dict[str, torch.Tensor]]],
     bma: torch.Tensor,
     y: torch.Tensor,
     total: int,
     ece_bins: int,
 ) -> Evaluation:
-    """Final metrics and the s = 1..S table, with one device-to-host copy."""
-    keys = list(per_s[0])
-    table = torch.stack([torch.stack([row[k] for k in keys]) for row in per_s]).tolist()
+    """Final metrics and the table by sample count, with one device-to-host copy."""
+    keys = list(per_s[0][1])
+    table = torch.stack([torch.stack([row[k] for k in keys]) for _, row in per_s]).tolist()
     by_samples = [
-        {"samples": s, **dict(zip(keys, vals, strict=True))} for s, vals in enumerate(table, 1)
+        {"samples": s, **dict(zip(keys, vals, strict=True))}
+        for (s, _), vals in zip(per_s, table, strict=True)
     ]
     metrics: dict[str, float] = dict(zip(keys, table[-1], strict=True))
     extra = protocol_metrics(bma, y, ece_bins)

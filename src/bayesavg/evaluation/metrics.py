@@ -58,17 +58,23 @@ def nll(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def brier(log_probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean over points of sum_c (p_c - 1[c = y])^2."""
-    probs = log_probs.double().exp()
+    return _brier(log_probs.double().exp(), y)
+
+
+def _brier(probs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     onehot = torch.nn.functional.one_hot(y, probs.shape[1]).double()
     return ((probs - onehot) ** 2).sum(dim=1).mean()
 
 
 def reliability(log_probs: torch.Tensor, y: torch.Tensor, n_bins: int) -> Reliability:
     """Equal-width confidence bins (lower, upper]; confidence 0 falls in the first."""
-    probs = log_probs.double().exp()
-    conf, pred = probs.max(dim=1)
-    correct = (pred == y).double()
-    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=probs.device)
+    conf, pred = log_probs.double().exp().max(dim=1)
+    return _binned(conf, (pred == y).double(), n_bins)
+
+
+def _binned(conf: torch.Tensor, correct: torch.Tensor, n_bins: int) -> Reliability:
+    """``reliability`` from each point's confidence and correctness (1.0 or 0.0)."""
+    edges = torch.linspace(0, 1, n_bins + 1, dtype=torch.float64, device=conf.device)
     idx = (torch.bucketize(conf, edges, right=False) - 1).clamp(0, n_bins - 1)
     # A one-hot product instead of index_add_/bincount: deterministic on CUDA too.
     member = torch.nn.functional.one_hot(idx, n_bins).double()
@@ -126,13 +132,21 @@ def entropy(log_probs: torch.Tensor) -> torch.Tensor:
 def classification_metrics(
     log_probs: torch.Tensor, y: torch.Tensor, ece_bins: int = 20
 ) -> dict[str, torch.Tensor]:
-    """accuracy, nll, ece (``ece_bins`` bins), ece15, brier, entropy as 0-d device tensors."""
+    """accuracy, nll, ece (``ece_bins`` bins), ece15, brier, entropy as 0-d device tensors.
+
+    Computed after every sample of an evaluation, so the probabilities, confidences and
+    hits are computed once for the three metrics that read them (the same bytes as
+    ``ece`` and ``brier`` alone).
+    """
+    probs = log_probs.double().exp()
+    conf, pred = probs.max(dim=1)
+    correct = (pred == y).double()
     return {
         "accuracy": accuracy(log_probs, y),
         "nll": nll(log_probs, y),
-        "ece": ece(log_probs, y, ece_bins),
-        "ece15": ece(log_probs, y, 15),
-        "brier": brier(log_probs, y),
+        "ece": _binned(conf, correct, ece_bins).ece(),
+        "ece15": _binned(conf, correct, 15).ece(),
+        "brier": _brier(probs, y),
         "entropy": entropy(log_probs),
     }
 

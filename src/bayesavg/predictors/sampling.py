@@ -137,13 +137,8 @@ def _swag_draws(posterior: PosteriorFile, req: Request) -> Draws:
     diag_only = req.method.name == "swag_diag"
     if not diag_only and swag.rank < 2:
         raise UserError(f"swag needs at least 2 snapshots, {posterior.trajectory} has {swag.rank}")
-    return Draws(
-        lambda s: (
-            full(swag.sample(req.scale, diag_only=diag_only, generator=req.generator)),
-            None,
-        ),
-        None,
-    )
+    draw = swag.sampler(req.scale, diag_only=diag_only, generator=req.generator)
+    return Draws(lambda s: (full(draw()), None), None)
 
 
 @sampler("vi")
@@ -206,11 +201,9 @@ def _multiswag(posterior: PosteriorFile, req: Request) -> Draws:
             f"multiswag needs at least 2 snapshots per member of {posterior.trajectory}"
         )
     fulls = _member_wholes(posterior, req.device)
+    drawn = [swag.sampler(req.scale, generator=req.generator) for swag in swags]
     m = len(swags)
-    return Draws(
-        lambda s: (fulls[s % m](swags[s % m].sample(req.scale, generator=req.generator)), None),
-        m * req.n_samples,
-    )
+    return Draws(lambda s: (fulls[s % m](drawn[s % m]()), None), m * req.n_samples)
 
 
 def _laplace(posterior: PosteriorFile, device: torch.device) -> tuple[LastLayerLaplace, str, slice]:

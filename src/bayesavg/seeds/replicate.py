@@ -110,6 +110,7 @@ def predict(
             name=name,
             precision=precision_for(params.precision, device),
             temperature=temperature,
+            curves=(),
         )[split]
 
     temperature = None

@@ -33,10 +33,10 @@ class SWAG(MomentCollector):
         diag_only: bool = False,
         generator: torch.Generator | None = None,
     ) -> Callable[[], torch.Tensor]:
-        """``sample`` with its arguments fixed, drawing from the posterior as collected
-        now: the mean and sqrt(var) are computed once, not for each of a predictor's
-        networks (for LeNet-5 they were a third of a draw). Draw i gives the bytes of the
-        i-th ``sample`` call from the same generator."""
+        """``sample`` with its arguments fixed: the mean and sqrt(var) are computed once, not
+        for each of a predictor's networks (for LeNet-5 they were a third of a draw). Draw
+        i gives the bytes of the i-th ``sample`` call from the same generator, as long as
+        the collector collects nothing more meanwhile."""
         if self.n_collected == 0:
             raise RuntimeError("SWAG.sample() called before any snapshot was collected")
         if scale < 0:

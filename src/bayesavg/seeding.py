@@ -154,7 +154,7 @@ def isolated_rng(seed: int, device: torch.device | str = "cpu") -> Iterator[None
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices, device_type=device.type):
         torch.default_generator.manual_seed(seed)
-        if device.type == "cuda":
-            index = torch.cuda.current_device() if device.index is None else device.index
-            torch.cuda.default_generators[index].manual_seed(seed)
+        if device.type == "cuda":  # fork_rng has initialised CUDA: seeded now, not queued
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
         yield

@@ -174,6 +174,9 @@ def test_scale_zero_returns_mean_exactly() -> None:
     g = torch.Generator().manual_seed(0)
     assert torch.equal(swag.sample(scale=0.0, generator=g), swag.mean)
     assert torch.equal(swag.sample(scale=0.0, diag_only=True, generator=g), swag.mean)
+    draw = swag.sampler(scale=0.0)
+    draw().add_(1.0)  # a caller editing one draw in place edits no other
+    assert torch.equal(draw(), swag.mean)
 
 
 def test_same_seed_same_sample_and_different_seed_different_sample() -> None:

@@ -43,7 +43,7 @@ class SWAG(MomentCollector):
             raise ValueError(f"scale must be >= 0, got {scale}")
         mean = self.mean
         if scale == 0:
-            return lambda: mean
+            return mean.clone  # a fresh tensor each draw, as every other draw is
         std = ieee.sqrt(self.variance())
         k = self.rank
         # the rows oldest first: a copy once more than max_rank were collected, made once

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 import mlflow
 import numpy as np
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
 
 BIN = Path(sys.executable).parent
 CONFIG = {"method": "swag", "scale": 0.5, "n_samples": 7, "seed": 3, "batch_size": 64}
-
-
-def _store(tmp_path: Path) -> tuple[str, str]:
-    return f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "mlartifacts").as_uri()
 
 
 def _images(prepared: PreparedDir, n: int = 6) -> np.ndarray:
@@ -59,10 +56,13 @@ def _expected(posterior: Path, images: np.ndarray) -> np.ndarray:
     return found["test"].log_probs.exp().numpy()
 
 
-def _log(tmp_path: Path, posterior: Path, images: np.ndarray, stored: bool) -> tuple[str, str]:
-    """A run that logs the model; with ``stored`` an earlier run already holds the posterior
-    (as the finetune stage's artifact), so the model points at it instead of copying it."""
-    uri, artifacts = _store(tmp_path)
+def _log(
+    store: tuple[str, str], posterior: Path, images: np.ndarray, stored: bool
+) -> tuple[str, str]:
+    """A run that logs the model into ``store`` (``mlflow_store``'s); with ``stored`` an
+    earlier run already holds the posterior (as the finetune stage's artifact), so the
+    model points at it instead of copying it."""
+    uri, artifacts = store
     digest = sha256_file(posterior)
     if stored:
         for _ in range(2):  # a forced rerun with the same bytes stores nothing more
@@ -71,7 +71,8 @@ def _log(tmp_path: Path, posterior: Path, images: np.ndarray, stored: bool) -> t
             trainer.terminate()
         first = stored.split("/")[1]
         assert stored == f"runs:/{first}/posterior/posterior.pt"
-        assert len(list(tmp_path.rglob("posterior.pt"))) == 1 + 1, "the model dir's source + one"
+        root = Path(urlparse(artifacts).path).parent
+        assert len(list(root.rglob("posterior.pt"))) == 1 + 1, "the model dir's source + one"
     run = open_run("evaluate@swag", tracking_uri=uri, artifact_location=artifacts)
     post = load_posterior(posterior)
     model_id = run.log_model(
@@ -100,6 +101,7 @@ def posterior(tmp_path: Path, tiny_posteriors: TinyPosteriors) -> Path:
 @pytest.mark.parametrize("stored", [False, True])
 def test_pyfunc_round_trip_gives_evaluates_probabilities(
     tmp_path: Path,
+    mlflow_store: tuple[str, str],
     posterior: Path,
     mnist5k_prepared: PreparedDir,
     stored: bool,
@@ -111,7 +113,7 @@ def test_pyfunc_round_trip_gives_evaluates_probabilities(
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     images = _images(mnist5k_prepared)
-    uri, model_id = _log(tmp_path, posterior, images, stored)
+    uri, model_id = _log(mlflow_store, posterior, images, stored)
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     model = client.get_logged_model(model_id)
@@ -158,10 +160,10 @@ def _post(url: str, body: dict[str, Any]) -> Any:
 
 @pytest.mark.slow  # ~15 s: `mlflow models serve` starts a scoring server
 def test_registered_best_model_is_served_over_http(
-    tmp_path: Path, posterior: Path, mnist5k_prepared: PreparedDir
+    tmp_path: Path, mlflow_store: tuple[str, str], posterior: Path, mnist5k_prepared: PreparedDir
 ) -> None:
     images = _images(mnist5k_prepared)
-    uri, model_id = _log(tmp_path, posterior, images, stored=True)
+    uri, model_id = _log(mlflow_store, posterior, images, stored=True)
     name = "bayesavg-test"
     client = MlflowClient(tracking_uri=uri)
     run_id = client.get_logged_model(model_id).source_run_id

@@ -696,6 +696,7 @@ def test_a_killed_set_s_finished_units_are_marked_by_the_next_set(
 
 def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     tmp_path: Path,
+    mlflow_db: str,
 ) -> None:
     """The failing unit's record: each rolled-back run gets ``ROLLED_BACK_TAG`` saying
     why, and the execution's note and summary name them."""
@@ -704,7 +705,7 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     from bayesavg.tracking.mlflow_run import PIPELINE_TAG, ROLLED_BACK_TAG
     from bayesavg.tracking.store import open_run
 
-    uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    uri, artifacts = mlflow_db, (tmp_path / "art").as_uri()
     parent = {"key": "host:1:2:", "name": "dvc repro now"}
 
     def unit(name: str) -> Any:
@@ -749,7 +750,9 @@ def test_rolled_back_runs_are_tagged_and_named_in_the_parent(
     assert summary["why"] == {"evaluate@swag": said}
 
 
-def test_a_stage_failing_between_units_is_recorded_as_itself(tmp_path: Path) -> None:
+def test_a_stage_failing_between_units_is_recorded_as_itself(
+    tmp_path: Path, mlflow_db: str
+) -> None:
     """Recorded from its last finished unit's run: the execution names the DVC stage among
     those that did not finish (not among those it ran: no run of its own), with why, and
     the finished units as rolled back, each tagged with its stage's end."""
@@ -758,7 +761,7 @@ def test_a_stage_failing_between_units_is_recorded_as_itself(tmp_path: Path) -> 
     from bayesavg.tracking.mlflow_run import PIPELINE_TAG, ROLLED_BACK_TAG
     from bayesavg.tracking.store import open_run
 
-    uri, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    uri, artifacts = mlflow_db, (tmp_path / "art").as_uri()
     parent = {"key": "host:1:2:", "name": "dvc repro now"}
     done, run = {}, None
     for name in ("probe@a", "probe@b"):

@@ -47,9 +47,12 @@ def _run(uri: str, run_id: str) -> Any:
 
 
 def test_a_call_failing_mid_stage_is_spooled_and_replayed_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    mlflow_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     real = Run.log_history
     calls = {"n": 0}
 
@@ -102,14 +105,18 @@ def test_a_call_failing_mid_stage_is_spooled_and_replayed_once(
     ids=["failed", "interrupted", "died"],
 )
 def test_a_stage_that_did_not_finish_is_not_said_to_have_written_its_outputs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], end: Any
+    tmp_path: Path,
+    mlflow_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    end: Any,
 ) -> None:
     """The warning about kept calls says the outputs are written only when they are: a
     stage that failed (its disk full, as the store's) or died wrote none."""
     import bayesavg.tracking.store as store
 
     monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("full")))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     metrics = {"op": "log_metrics", "metrics": {"acc": 0.9}}
     code, _ = _serve(uri, tmp_path, START, metrics, *([end] if end else []))
     assert code == 0
@@ -119,11 +126,11 @@ def test_a_stage_that_did_not_finish_is_not_said_to_have_written_its_outputs(
 
 
 def test_a_run_started_during_the_outage_is_created_by_the_replay(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlflow_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import bayesavg.tracking.store as store
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     real = store.open_run
     monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
     code, answers = _serve(
@@ -144,14 +151,14 @@ def test_a_run_started_during_the_outage_is_created_by_the_replay(
 
 
 def test_a_replay_gives_placeholders_their_ids_and_sends_files_the_stage_deleted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlflow_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run started during the outage: its run file holds a placeholder, its artifact
     lay in a scratch folder the stage removed. The next stage resumes it by that
     placeholder: its worker replays the spool first, and the resumed run is that run."""
     import bayesavg.tracking.store as store
 
-    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    uri, art = mlflow_db, (tmp_path / "art").as_uri()
     runs = tmp_path / "runs"
     real = store.open_run
     monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
@@ -191,13 +198,16 @@ def test_a_replay_gives_placeholders_their_ids_and_sends_files_the_stage_deleted
 
 
 def test_a_call_the_store_refuses_is_kept_aside_and_the_replay_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    mlflow_db: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A spooled artifact whose file is gone by the replay: the store is reachable, so
     the call is kept in refused.jsonl with its error, and the calls after it are sent."""
     import bayesavg.tracking.store as store
 
-    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    uri, art = mlflow_db, (tmp_path / "art").as_uri()
     real = store.open_run
     monkeypatch.setattr(store, "open_run", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
     missing = {"op": "log_artifact", "path": str(tmp_path / "gone.txt"), "artifact_path": None}
@@ -216,11 +226,11 @@ def test_a_call_the_store_refuses_is_kept_aside_and_the_replay_goes_on(
     assert not spooled.exists()
 
 
-def test_an_execution_ends_with_the_status_of_its_stages(tmp_path: Path) -> None:
+def test_an_execution_ends_with_the_status_of_its_stages(tmp_path: Path, mlflow_db: str) -> None:
     """Three stages of one execution: the first finishes, the second dies (its worker's
     stdin closes before the run ends), the third finishes: the parent run ends KILLED
     and its summary says which stage did not finish."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     parent = {"key": "host:1:2:", "name": "dvc repro 2026-11-27"}
 
     def stage(name: str, *, dies: bool = False) -> str:

@@ -29,8 +29,10 @@ run.terminate()
 """
 
 
-def test_stages_side_by_side_share_one_parent_and_all_reach_its_summary(tmp_path: Path) -> None:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_stages_side_by_side_share_one_parent_and_all_reach_its_summary(
+    tmp_path: Path, mlflow_db: str
+) -> None:
+    uri = mlflow_db
     artifacts = (tmp_path / "mlartifacts").as_uri()
     client = MlflowClient(tracking_uri=uri)
     client.create_experiment("e", artifact_location=artifacts)  # as the validate stage's

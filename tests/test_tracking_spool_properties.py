@@ -112,12 +112,12 @@ def test_a_file_on_another_file_system_is_copied(
 
 
 def test_a_replay_cut_short_after_creating_a_run_goes_on_in_that_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlflow_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run started during the outage: the first replay creates it and sends a metric,
     then the store goes down again; the second sends the rest into the same run, with
     nothing refused and no second run."""
-    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    uri, art = mlflow_db, (tmp_path / "art").as_uri()
     real = _outage_at_start(monkeypatch)
     metrics = {"op": "log_metrics", "metrics": {"acc": 0.9}}
     params = {"op": "log_params", "params": {"lr": 0.1}}
@@ -140,11 +140,11 @@ def test_a_replay_cut_short_after_creating_a_run_goes_on_in_that_run(
 
 
 def test_runs_started_in_one_outage_keep_their_own_placeholders(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mlflow_db: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two runs of one worker (two predictors) started during the outage: two
     placeholders, each replayed into its own run."""
-    uri, art = f"sqlite:///{tmp_path / 'mlflow.db'}", (tmp_path / "art").as_uri()
+    uri, art = mlflow_db, (tmp_path / "art").as_uri()
     real = _outage_at_start(monkeypatch)
     calls = []
     for name in ("evaluate@a", "evaluate@b"):

@@ -472,9 +472,9 @@ def test_shift_gaps_are_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyP
         return original(inputs, base)
 
     monkeypatch.setattr(shift, "shift_gaps", counted)
-    analysis_pngs(fresh)
+    shift.build(fresh, _unc(fresh))  # drawn (the other sections' figures need no gaps)
     claim = _claim(analysis_claims(fresh), "helps most under shift")
-    blocks = analysis_blocks(fresh)
+    blocks = shift.build(fresh, _unc(fresh)).blocks
     assert calls == [fresh]
     first = next(g for g in original(fresh, fresh.predictors[0]) if g.bayesian)
     assert claim.holds is True and f"{shift_measures.large_gap(first):+.4f}" in str(blocks)

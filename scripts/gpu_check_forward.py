@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gpu_check_measure import _modes
 from gpu_check_parts import MODELS, Size, cifar_setup, cifar_shaped, timed
 from gpu_check_reference import reference_package
-from gpu_check_throughput import _modes
 
 from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.trajectories import compute_for, finetune, initial_network

@@ -25,19 +25,12 @@ from typing import Any
 
 import torch
 from gpu_check_forward import forward_rates
-from gpu_check_parts import Size, cifar_shaped
+from gpu_check_measure import Summary, measure, paired, timed_only
+from gpu_check_parts import Epoch, Size, cifar_shaped
 from gpu_check_protocol import cifar10, projection
+from gpu_check_reference import _reference
 from gpu_check_runner import Context
-from gpu_check_throughput import (
-    Epoch,
-    Summary,
-    _bare,
-    _ours,
-    _reference,
-    measure,
-    paired,
-    timed_only,
-)
+from gpu_check_throughput import _bare, _ours
 
 from bayesavg.training.precision import Precision
 

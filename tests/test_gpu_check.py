@@ -441,7 +441,7 @@ def test_compiling_variants_join_after_a_round_of_the_others(
     """A cold compile of a deep network can outlast the part's box: the other variants'
     numbers are timed and reported before it starts. A round a late variant missed is
     ``None``, and its ratios pair only the rounds both timed."""
-    import gpu_check_throughput
+    import gpu_check_measure
     from gpu_check_parts import Size
     from gpu_check_runner import Context
     from gpu_check_speed import _summary
@@ -466,7 +466,7 @@ def test_compiling_variants_join_after_a_round_of_the_others(
     }
     ctx = Context("cpu", True, time.time() + 60, tmp_path / "r.json")
     monkeypatch.setattr(ctx, "report", reports.append)
-    found = gpu_check_throughput.measure(
+    found = gpu_check_measure.measure(
         builders,
         dict.fromkeys(builders, True),
         {},

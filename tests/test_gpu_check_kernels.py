@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-from gpu_check_throughput import TORCH_DEFAULT_CONV_FP32, _modes
+from gpu_check_measure import TORCH_DEFAULT_CONV_FP32, _modes
 
 conv = torch.backends.cudnn.conv
 

@@ -357,7 +357,8 @@ def _sharpness(
     """Sharpness at the predictor's centre(s). Predictors of one trajectory whose methods
     share a centre (swa, swag_diag and swag: the snapshot mean) and its BatchNorm
     treatment get the same numbers, computed once."""
-    from bayesavg.evaluation.evaluate import centre_sharpness, method_of
+    from bayesavg.evaluation.centre import centre_sharpness
+    from bayesavg.evaluation.evaluate import method_of
     from bayesavg.seeding import derive_seed
 
     key = (id(found.posterior), method_of(method).centre, bn_x is not None)

@@ -16,11 +16,10 @@ from torch import nn
 from bayesavg.analyses.plane import grid_axes
 from bayesavg.analyses.sweep import rounds_to_target
 from bayesavg.evaluation.calibrated import calibrated_metrics, dee_text, deep_ensemble_equivalent
+from bayesavg.evaluation.centre import center_model, centre_sharpness
 from bayesavg.evaluation.evaluate import (
     _in_order,
     bn_rows,
-    center_model,
-    centre_sharpness,
     evaluate,
     log_softmax_predictions,
     method_of,

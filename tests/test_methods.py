@@ -15,7 +15,8 @@ from pipeline_repo import prune_landscape
 from torch import nn
 
 from bayesavg.config import DEFAULT_DROPOUT, parse_params
-from bayesavg.evaluation.evaluate import centre_sharpness, evaluate, method_of
+from bayesavg.evaluation.centre import centre_sharpness
+from bayesavg.evaluation.evaluate import evaluate, method_of
 from bayesavg.evaluation.sharpness import sam_sharpness
 from bayesavg.models import MODELS, build_model, has_dropout
 from bayesavg.posteriors.file import PosteriorFile, load_theta

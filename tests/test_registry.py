@@ -21,7 +21,8 @@ from pipeline_repo import small_params
 from bayesavg.cli import main as cli_main
 from bayesavg.config import Params, parse_params
 from bayesavg.config.methods import PROVIDES, REGISTRY, Method
-from bayesavg.evaluation.evaluate import centre_sharpness, evaluate
+from bayesavg.evaluation.centre import centre_sharpness
+from bayesavg.evaluation.evaluate import evaluate
 from bayesavg.posteriors.file import PosteriorFile, save_posterior
 from bayesavg.predictors.sampling import CENTRES, SAMPLERS, SIGMAS, sigma_ratio
 from bayesavg.trajectories import finetune, pretrain_members

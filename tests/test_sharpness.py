@@ -168,7 +168,7 @@ def test_each_probe_is_v_h_v_and_the_standard_error_is_their_spread() -> None:
 def test_centre_sharpness_reports_the_trace_s_standard_error() -> None:
     """One centre: the SE over the probes; an ensemble's mean of m traces: the root sum
     of their squared SEs over m. With one probe there is none to give."""
-    from bayesavg.evaluation import evaluate as ev
+    from bayesavg.evaluation import centre as ev
 
     model, x, y = _setup()
 

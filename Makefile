@@ -122,6 +122,7 @@ bench: bench-install
 	python benchmarks/streaming.py
 	python benchmarks/outage.py
 	python benchmarks/overhead.py
+	python benchmarks/ui.py
 
 # On a CUDA machine, four invocations of at most 8 minutes each, into one JSON file
 # (GPU_CHECK_OUT, started afresh; each part's result is in it as soon as it ends):
@@ -151,9 +152,7 @@ ui-install: install
 		|| { $(PIP) -e '.[ui]' -c $(CONSTRAINTS) && { $(COMPILE) || true; }; }
 
 ui: ui-install
-	@python scripts/ui_url.py --port 5000
-	mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db \
-		--default-artifact-root $(CURDIR)/mlartifacts --host 127.0.0.1 --port 5000
+	python scripts/ui_server.py --port 5000
 
 check-ui: ui-install
 	python scripts/check_ui.py

@@ -22,10 +22,10 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ui_server
 from check_report import INSTALL_HINT, find_browser
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 USAGE = "python scripts/check_ui.py [OUT_DIR] [--uri http://host:port]"
 
 
@@ -151,21 +151,9 @@ def main(argv: list[str]) -> int:
     exp_id, run_id, lines = _summary(uri, "bayesavg")
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PATH": f"{BIN}:{os.environ['PATH']}"}
     server = subprocess.Popen(
-        [
-            str(BIN / "mlflow"),
-            "ui",
-            "--backend-store-uri",
-            uri,
-            "--default-artifact-root",
-            str(ROOT / "mlartifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=env,
+        ui_server.command(uri, ROOT / "mlartifacts", port),
+        env=ui_server.environ(os.environ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -1,21 +1,19 @@
-"""The MLflow UI's address of this project's experiment, for ``make ui`` to print.
+"""The MLflow UI's address of this project's experiment, for ``make ui`` to print
+(``ui_server``).
 
 The experiment is ``tracking.experiment`` of params.yaml; its id is read from the store
 (``mlflow.db``) with sqlite3 alone, without importing mlflow, so the address shows at
 once. Without a store or that experiment yet, the address of the experiments list.
 
-First, runs a killed stage left RUNNING (its process is gone: a SIGKILL of its group)
+``end_orphans``: runs a killed stage left RUNNING (its process is gone: a SIGKILL of its group)
 are ended KILLED as the next stage would end them (``bayesavg.tracking.orphans``), so the
 UI does not show them running for good; mlflow is imported only when the experiment
 has a RUNNING run.
-
-    python scripts/ui_url.py [--port 5000]
 """
 
 from __future__ import annotations
 
 import sqlite3
-import sys
 from pathlib import Path
 
 import yaml
@@ -72,12 +70,3 @@ def url(root: Path, port: int) -> str:
     if found is None:
         return f"{base}{VIEW}  (no experiment {name!r} in mlflow.db yet: `make run` first)"
     return f"{base}/{found}/runs{VIEW}"
-
-
-if __name__ == "__main__":
-    port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 5000
-    ended = end_orphans(ROOT)
-    if ended:
-        print(f"Ended KILLED {len(ended)} run(s) left RUNNING by a process that is gone: ", end="")
-        print(", ".join(ended))
-    print(f"Runs: {url(ROOT, port)}")

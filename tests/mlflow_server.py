@@ -33,6 +33,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def session(sid: int) -> list[tuple[str, int]]:
+    """The processes of session ``sid`` (a server started in its own): each one's command
+    line and resident memory in bytes."""
+    found = []
+    page = os.sysconf("SC_PAGE_SIZE")
+    for proc in Path("/proc").iterdir():
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_text().replace("\0", " ").strip()
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not a process
+        if len(fields) > 21 and int(fields[3]) == sid:
+            found.append((cmdline, int(fields[21]) * page))
+    return found
+
+
 @dataclass
 class MlflowServer:
     folder: Path
@@ -53,7 +69,9 @@ class MlflowServer:
         cmd += ["--artifacts-destination", str(self.artifacts)]
         self.proc = subprocess.Popen(  # its own group: uvicorn's workers die with it
             cmd,
-            env=env(),
+            # without MLflow 3's GenAI job runner (scripts/ui_server.py): its 7 processes
+            # would only take CPU from the tests beside this one
+            env=env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -49,6 +49,7 @@ from timing import (  # noqa: E402
     write_results,
 )
 
+from bayesavg.runtime.numerics import usable_cores  # noqa: E402
 from bayesavg.tracking.spool import check_reachable  # noqa: E402
 
 SETTLE = 10.0  # seconds after the first answer before counting processes
@@ -149,7 +150,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "machine": {
             "cpu_count": os.cpu_count(),
-            "usable_cores": len(os.sched_getaffinity(0)),
+            "usable_cores": usable_cores(),
             "load_average_start": load_average(),
         }
     }

@@ -25,6 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ui_url
 
+from bayesavg.runtime.numerics import usable_cores
+
 JOB_RUNNER = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
 MLFLOW_WORKERS = 4  # `mlflow ui --workers` default
 BIN = Path(sys.executable).parent
@@ -37,7 +39,7 @@ def workers(cores: int) -> int:
 
 def command(store_uri: str, artifacts: Path, port: int) -> list[str]:
     """The ``mlflow ui`` command line for ``store_uri`` on 127.0.0.1:``port``."""
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     return [
         *(str(BIN / "mlflow"), "ui", "--backend-store-uri", store_uri),
         *("--default-artifact-root", str(artifacts), "--host", "127.0.0.1"),

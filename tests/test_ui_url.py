@@ -14,6 +14,7 @@ import pytest
 from mlflow_server import free_port, session
 from pipeline_repo import ROOT, env
 
+from bayesavg.runtime.numerics import usable_cores
 from bayesavg.tracking.spool import check_reachable
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -80,8 +81,7 @@ def test_the_ui_s_job_runner_is_off_unless_the_user_turns_it_on() -> None:
     assert ui_server.environ({"PATH": "/bin"})[ui_server.JOB_RUNNER] == "false"
     assert ui_server.environ({ui_server.JOB_RUNNER: "true"})[ui_server.JOB_RUNNER] == "true"
     cmd = ui_server.command("sqlite:///x.db", Path("/a"), 5001)
-    cores = len(os.sched_getaffinity(0))
-    assert cmd[cmd.index("--workers") + 1] == str(ui_server.workers(cores))
+    assert cmd[cmd.index("--workers") + 1] == str(ui_server.workers(usable_cores()))
     assert cmd[cmd.index("--port") + 1] == "5001" and cmd[1] == "ui"
 
 

@@ -303,6 +303,25 @@ def test_the_readme_gpu_table_is_the_committed_json_s() -> None:
         assert "environment" in run and len(set(run) - {"environment", "note"}) > 0
 
 
+def test_every_part_s_box_is_in_the_benchmarks_readme() -> None:
+    """The README sends a reader to benchmarks/README.md's table for each part's box: every
+    part of the three invocations has its row there, with the box it runs under."""
+    import re
+
+    import gpu_check as script
+
+    rows: dict[str, int] = {}
+    for line in (ROOT / "benchmarks" / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 3 and cells[2].endswith(" s"):
+            names = re.findall(r"`([a-z0-9_.]+)`", cells[1].split("(")[0])
+            boxes = [int(b) for b in re.findall(r"\d+", cells[2])]
+            if len(names) == len(boxes):
+                rows.update(zip(names, boxes, strict=True))
+    parts = (*script.PARTS, *script.SPEED_PARTS, *script.PIPELINE_PARTS)
+    assert {p.name: rows.get(p.name) for p in parts} == {p.name: p.box_s for p in parts}
+
+
 def test_a_gpu_with_parts_missing_failed_or_skipped_gets_its_column() -> None:
     """A GPU whose calls ran out of device time lacks parts; a part that failed holds its
     error; one skipped, why: its column says so, and the other GPU's cells are unchanged."""

@@ -208,6 +208,7 @@ def serve(
     # garbage: collecting during the import, or walking them all in the first full
     # collection after it (~0.2 s each), only delays the stage: they are frozen.
     gc.disable()
+    from . import system_metrics
     from .store import open_run, warm_store
 
     warm_store(tracking_uri)
@@ -221,6 +222,7 @@ def serve(
     name = ""
     ended = failed = False  # failed: a run of this stage ended otherwise than FINISHED
     spool: Spool | None = None
+    watch = None  # the run's system metrics monitor, when asked for
     for line in stdin:
         msg = resolve(json.loads(line), ids)  # runs the replay has created since
         op = msg.pop("op")
@@ -236,8 +238,10 @@ def serve(
                         **{k: v for k, v in msg.items() if k != "run_name"},
                     )
                     _answer(stdout, {"run_id": run.run_id})
+                    watch = system_metrics.start(run.run_id, tracking_uri, bool(msg.get("resume")))
                 elif op == "end":
                     assert run is not None
+                    system_metrics.stop(watch)
                     run.terminate(**msg)
                     ended = True
                 else:
@@ -245,6 +249,7 @@ def serve(
                     getattr(run, op)(**msg)
                 continue
             except Exception as err:  # the store failed: spool this call and the rest
+                system_metrics.stop(watch)
                 cause = f"{type(err).__name__}: {err}".splitlines()[0][:300]
                 spool = Spool.open(spool_dir or Path("runs/spool"), tracking_uri, cause)
                 if run is not None and op != "start":
@@ -267,6 +272,7 @@ def serve(
             "sends them, or run `bayesavg track --sync`\n"
         )
     elif run is not None and not ended:  # the stage died without ending its run
+        system_metrics.stop(watch)
         with contextlib.suppress(Exception):
             run.record_in_parent(name, None, KILLED, why=DIED)
         run.terminate(KILLED, DIED)

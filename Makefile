@@ -100,8 +100,9 @@ test: lint
 # Tests marked slow (the default pipeline end to end on a tiny model, the CIFAR preset and
 # a pretrained torchvision network end to end on generated images, the emulated CPUs, stages
 # under torchrun, two queued DVC experiments run in parallel, a tracking server failing
-# mid-pipeline, MLflow's scoring server, finetune stages killed and resumed under DVC): not
-# in `make test`.
+# mid-pipeline or killed mid-run, MLflow's scoring server and `make ui`'s, finetune stages
+# killed and resumed under DVC, the numerics probe on one core against two): not in
+# `make test`.
 test-slow: install
 	pytest -m slow
 

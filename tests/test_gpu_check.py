@@ -531,6 +531,7 @@ def test_the_pipeline_part_says_in_one_line_that_dvc_is_missing(
         gpu_check_pipeline.pipeline(ctx)
 
 
+@pytest.mark.slow  # the real pipeline in a scratch DVC repo (~22 s on 2 cores)
 def test_the_pipeline_part_runs_the_real_pipeline_and_goes_on_in_a_kept_repo(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -203,6 +203,7 @@ def test_ieee_sqrt_of_other_dtypes_is_torchs() -> None:
         assert torch.equal(ieee.sqrt(x), x.sqrt())
 
 
+@pytest.mark.slow  # two probes on one core and on two, as the emulated CPUs' (~28 s)
 def test_the_thread_count_not_the_cores_decides(mnist5k_prepared) -> None:
     if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two cores")

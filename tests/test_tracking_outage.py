@@ -337,6 +337,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
         yield found
 
 
+@pytest.mark.slow  # a real server killed and restarted (~22 s on 2 cores)
 def test_a_real_server_killed_mid_run_loses_nothing(server: MlflowServer, tmp_path: Path) -> None:
     """Over HTTP: a run logs, the server is killed, the worker spools the rest and exits
     0; the server comes back and ``bayesavg track --sync`` completes the run, once."""

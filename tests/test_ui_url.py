@@ -85,6 +85,7 @@ def test_the_ui_s_job_runner_is_off_unless_the_user_turns_it_on() -> None:
     assert cmd[cmd.index("--port") + 1] == "5001" and cmd[1] == "ui"
 
 
+@pytest.mark.slow  # a real `mlflow ui` with its web workers (~18 s on 2 cores)
 def test_make_ui_prints_the_address_then_serves_without_mlflow_s_job_runner(
     tmp_path: Path,
 ) -> None:

@@ -112,3 +112,12 @@ def test_unless_asked_for_nothing_is_sampled(
 )
 def test_the_switch_reads_as_mlflow_reads_it(value: str, expected: bool) -> None:
     assert system_metrics.wanted({system_metrics.ENABLE: value}) is expected
+
+
+def test_a_bad_value_warns_once_for_the_runs_of_one_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A worker opens each of an evaluate stage's runs in turn: one line, not one a run."""
+    for _ in range(3):
+        assert system_metrics.wanted({system_metrics.ENABLE: "on"}) is False
+    assert capsys.readouterr().err.count("warning:") == 1

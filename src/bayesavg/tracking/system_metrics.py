@@ -13,6 +13,7 @@ side by side each log the same machine.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -24,12 +25,18 @@ ENABLE = "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
     """MLflow's reading of the switch (true, false, 1 or 0, in any case). Another value
-    costs one warning, not the stage: MLflow itself would stop the run's start."""
+    costs one warning per process (a worker serves a stage's runs one after another), not
+    the stage: MLflow itself would stop the run's start."""
     value = (os.environ if environ is None else environ).get(ENABLE, "false")
     if value.strip().lower() not in ("true", "false", "1", "0"):
-        sys.stderr.write(f"warning: {ENABLE}={value!r} is not true, false, 1 or 0: ignored\n")
+        _warn_once(value)
         return False
     return value.strip().lower() in ("true", "1")
+
+
+@functools.cache
+def _warn_once(value: str) -> None:
+    sys.stderr.write(f"warning: {ENABLE}={value!r} is not true, false, 1 or 0: ignored\n")
 
 
 def start(run_id: str, tracking_uri: str, resumed: bool) -> Any | None:
